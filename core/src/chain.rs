@@ -1,0 +1,910 @@
+//! A key's task chain: an intrusive multi-producer, single-consumer queue fused with the handoff
+//! word that lets exactly one drainer own the key at a time.
+//!
+//! # The state word
+//!
+//! Each [`Chain`] has one `AtomicUsize`, the *state word*. It is only ever changed by
+//! read-modify-write operations (CAS or swap), never by a plain store, so every transition below is
+//! atomic with respect to every other and loom can check the protocol without any `SeqCst`
+//! store-then-load ("Dekker") reasoning.
+//!
+//! ```text
+//!  bit 0      ACTIVE   exactly one owner holds the chain: it is on a ready queue, being drained,
+//!                      or parked by its owner (waiting for permits)
+//!  bit 1      RETIRED  terminal: the chain has left (or is leaving) the key table
+//!  bits 2..   INBOX    pointer to the newest pushed node (a LIFO stack linked through `Link::next`),
+//!                      or null. Nodes are at least 4-byte aligned, so the low two bits are free.
+//! ```
+//!
+//! Legal values: `0` (idle: not owned, nothing queued), `ACTIVE` (owned, inbox empty),
+//! `ptr | ACTIVE` (owned, inbox non-empty), `RETIRED` (dead). A non-null inbox without `ACTIVE`, or
+//! `RETIRED` with anything else, never occurs: every push sets `ACTIVE`, and retire only starts
+//! from `0`.
+//!
+//! # Transitions and who may make them
+//!
+//! | operation | who | transition | on failure |
+//! |---|---|---|---|
+//! | [`push`](Chain::push) | anyone | `s -> node | ACTIVE` (CAS), `node.next = inbox(s)` | retry; on `RETIRED` hand the node back |
+//! | take (inside [`pop`](Chain::pop)) | the owner | `ptr | ACTIVE -> ACTIVE` (swap) | — |
+//! | [`try_release`](Chain::try_release) | the owner | `ACTIVE -> 0` (CAS) | inbox non-empty: still owner |
+//! | [`try_retire`](Chain::try_retire) | anyone | `0 -> RETIRED` (CAS) | chain not idle: nothing happens |
+//!
+//! *Ownership* of `ACTIVE` is a baton. It is created by the one push that moves the word from `0`
+//! to `ACTIVE` ([`Pushed::Activated`]): that pusher, and only it, must hand the chain to a worker
+//! (put it on a ready queue). Whoever holds the baton may pass it on (queue → worker → queue …)
+//! and is the only party that may touch the chain's private FIFO (the `local` cell) or call the
+//! `unsafe` owner methods. The baton disappears only by a successful [`try_release`](Chain::try_release).
+//!
+//! # Why nothing is lost, run twice, or reordered
+//!
+//! - **No lost wakeup.** A push either lands before the owner's release CAS (then the CAS sees a
+//!   non-null inbox and fails, so the owner keeps the baton and takes the node) or after it (then the
+//!   push CAS reads `0`, returns [`Pushed::Activated`] and the pusher schedules the chain). Both are
+//!   RMWs on one word, so one of the two orders holds; there is no window in between.
+//! - **No double drain.** `ACTIVE` is set by exactly one push from `0` and cleared by exactly one
+//!   release; between them pushes see `ACTIVE` and return [`Pushed::Queued`].
+//! - **Never onto a retired chain.** Retire only succeeds from `0` (not owned, nothing queued) and
+//!   makes the word `RETIRED` forever; a push CAS whose expected value was read before the retire
+//!   fails, re-reads `RETIRED`, and hands its node back ([`Retired`]) so the caller can go back to the
+//!   key table for a fresh chain. No task is ever left in a retired chain.
+//! - **FIFO per key.** The inbox is a LIFO of pushes in the order their CASes succeeded; the owner
+//!   takes the whole inbox in one swap and reverses it, so the private FIFO holds pushes in CAS order,
+//!   and later takes only append younger pushes behind it.
+//! - **Memory ordering.** Push CAS is `Release` (publishes the node), take is `Acquire` (sees it).
+//!   Release is `Release`, and a push that activates is `AcqRel`: the next owner's view of the
+//!   private FIFO happens-after the previous owner's last write, through the activating push and the
+//!   ready queue's own release/acquire. Retire is `AcqRel`, so whoever frees the chain after retiring
+//!   it happens-after the last owner.
+//!
+//! Push is lock-free (a CAS fails only because another push, take, release or retire succeeded);
+//! take, release, pop and retire are wait-free. Push is the classic Treiber push, which is immune to
+//! ABA: the owner never pops single nodes off the shared stack, it swaps out the whole stack.
+//!
+//! # Nodes
+//!
+//! Nodes are intrusive: a type implements [`Linked`] by embedding a [`Link`]. With the `alloc`
+//! feature [`BoxNode`] wraps any value in a heap node; without an allocator, [`crate::pool::Pool`]
+//! hands out nodes from fixed-capacity storage, and callers may also use their own `static` nodes.
+
+use core::fmt;
+use core::marker::PhantomData;
+use core::ptr::{self, NonNull};
+
+use crate::sync::{AtomicUsize, Ordering, UnsafeCell};
+
+/// Bit 0 of the state word: the chain has an owner.
+const ACTIVE: usize = 0b01;
+/// Bit 1 of the state word: the chain is dead; pushes fail.
+const RETIRED: usize = 0b10;
+/// The inbox pointer bits of the state word.
+const PTR_MASK: usize = !(ACTIVE | RETIRED);
+
+/// The link embedded in every node of a [`Chain`].
+///
+/// A node type puts a `Link` inside itself and implements [`Linked`] to convert between a pointer
+/// to the node and a pointer to its link.
+///
+/// ```
+/// use keyserial_core::chain::Link;
+/// let link = Link::new();
+/// # let _ = link;
+/// ```
+pub struct Link {
+    /// The next node: towards older pushes while in the inbox, towards younger ones in the private
+    /// FIFO. Written by the pusher before its CAS publishes the node, afterwards only by the owner.
+    next: UnsafeCell<*mut Link>,
+}
+
+impl Link {
+    /// A fresh, unlinked link.
+    ///
+    /// ```
+    /// let _link = keyserial_core::chain::Link::new();
+    /// ```
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        Link {
+            next: UnsafeCell::new(ptr::null_mut()),
+        }
+    }
+
+    /// A fresh, unlinked link.
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        Link {
+            next: UnsafeCell::new(ptr::null_mut()),
+        }
+    }
+
+    /// # Safety
+    /// The caller owns `link` (it is not reachable by any other thread right now).
+    #[inline]
+    unsafe fn set_next(link: NonNull<Link>, next: *mut Link) {
+        // SAFETY: the caller owns the node, so no other access to `next` can race with this write.
+        unsafe { (*link.as_ptr()).next.with_mut(|p| *p = next) }
+    }
+
+    /// # Safety
+    /// The caller owns `link`, or it is published to the caller by an acquire of the state word.
+    #[inline]
+    unsafe fn next(link: NonNull<Link>) -> *mut Link {
+        // SAFETY: the node is owned by the caller; its last write happened-before this read.
+        unsafe { (*link.as_ptr()).next.with(|p| *p) }
+    }
+}
+
+impl Default for Link {
+    fn default() -> Self {
+        Link::new()
+    }
+}
+
+impl fmt::Debug for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Link")
+    }
+}
+
+// SAFETY: a Link is only a pointer slot whose accesses are ordered by the chain protocol above.
+unsafe impl Send for Link {}
+// SAFETY: as above; shared access to `next` happens only under the protocol's ownership rules.
+unsafe impl Sync for Link {}
+
+/// A node type that can be queued on a [`Chain`].
+///
+/// # Safety
+///
+/// - [`link`](Linked::link) must return a pointer to a [`Link`] that lives inside the node (or at
+///   least as long as it), is used by no other chain at the same time, and is aligned to at least 4.
+/// - [`from_link`](Linked::from_link) must be the exact inverse of `link`.
+///
+/// ```
+/// use core::ptr::NonNull;
+/// use keyserial_core::chain::{Chain, Link, Linked, Pushed};
+///
+/// #[repr(C)]
+/// struct Job { link: Link, id: u32 }
+///
+/// // SAFETY: `link` is the first field of a `repr(C)` struct, so the casts are exact inverses.
+/// unsafe impl Linked for Job {
+///     fn link(node: NonNull<Self>) -> NonNull<Link> { node.cast() }
+///     unsafe fn from_link(link: NonNull<Link>) -> NonNull<Self> { link.cast() }
+/// }
+///
+/// let mut job = Job { link: Link::new(), id: 7 };
+/// let chain: Chain<Job> = Chain::new();
+/// assert_eq!(chain.push(NonNull::from(&mut job)).unwrap(), Pushed::Activated);
+/// // SAFETY: the push above activated the chain, so this thread owns it.
+/// let popped = unsafe { chain.pop() }.unwrap();
+/// assert_eq!(unsafe { popped.as_ref() }.id, 7);
+/// assert!(unsafe { chain.try_release() });
+/// ```
+pub unsafe trait Linked {
+    /// The link inside `node`.
+    fn link(node: NonNull<Self>) -> NonNull<Link>;
+
+    /// The node that contains `link`.
+    ///
+    /// # Safety
+    /// `link` was returned by [`link`](Linked::link).
+    unsafe fn from_link(link: NonNull<Link>) -> NonNull<Self>;
+
+    /// Called once for every node still queued when its chain is dropped. The default does
+    /// nothing, which suits caller-owned nodes; heap nodes free themselves.
+    ///
+    /// # Safety
+    /// Called with exclusive ownership of `node`, which is never used again by the chain.
+    unsafe fn drop_queued(node: NonNull<Self>) {
+        let _ = node;
+    }
+}
+
+/// What a successful [`Chain::push`] means for the pusher.
+#[must_use = "a pusher that activated the chain must schedule it, or its tasks are never run"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pushed {
+    /// The chain was idle; this push made it active. The pusher now owns the chain and must hand
+    /// it to a worker (a ready queue) or drain it itself.
+    Activated,
+    /// The chain already had an owner, who will take this node.
+    Queued,
+}
+
+/// A push onto a retired chain: the node is handed back untouched. Look the key up again: the
+/// table has (or will get) a fresh chain for it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Retired<T>(pub T);
+
+/// A node taken off the chain by [`Chain::pop_coalescing`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct Popped<N> {
+    /// The node, now owned by the caller.
+    pub node: NonNull<N>,
+    /// `true` if the node is coalescing and the very next node (the next push after it) is
+    /// coalescing too: the newer one replaces it, so this one must not run.
+    pub superseded: bool,
+}
+
+/// One key's task chain. See the [module documentation](self) for the protocol.
+pub struct Chain<N: Linked> {
+    /// The state word: `INBOX | RETIRED | ACTIVE`.
+    state: AtomicUsize,
+    /// The owner's private FIFO (oldest first), touched only by the holder of `ACTIVE`.
+    local: UnsafeCell<*mut Link>,
+    _nodes: PhantomData<NonNull<N>>,
+}
+
+// SAFETY: the chain hands nodes between threads; that is sound when the nodes themselves are Send.
+unsafe impl<N: Linked + Send> Send for Chain<N> {}
+// SAFETY: shared access goes through the state word's atomics; `local` is touched only by the
+// unique owner of `ACTIVE` (the owner methods are `unsafe` with that precondition).
+unsafe impl<N: Linked + Send> Sync for Chain<N> {}
+
+impl<N: Linked> Default for Chain<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<N: Linked> fmt::Debug for Chain<N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.state.load(Ordering::Relaxed);
+        f.debug_struct("Chain")
+            .field("active", &(s & ACTIVE != 0))
+            .field("retired", &(s & RETIRED != 0))
+            .field("inbox_empty", &(s & PTR_MASK == 0))
+            .finish()
+    }
+}
+
+impl<N: Linked> Chain<N> {
+    /// An idle, empty chain.
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{Chain, BoxNode};
+    /// let chain: Chain<BoxNode<u32>> = Chain::new();
+    /// assert!(chain.is_idle());
+    /// ```
+    pub fn new() -> Self {
+        Chain {
+            state: AtomicUsize::new(0),
+            local: UnsafeCell::new(ptr::null_mut()),
+            _nodes: PhantomData,
+        }
+    }
+
+    /// Appends `node`. Lock-free; one CAS when uncontended.
+    ///
+    /// On success the chain owns the node until the owner pops it. If the result is
+    /// [`Pushed::Activated`] the caller now owns the chain and must schedule it.
+    /// On a retired chain the node is handed back in [`Retired`].
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{Chain, BoxNode, Pushed};
+    /// let chain: Chain<BoxNode<&str>> = Chain::new();
+    /// assert_eq!(chain.push_value("a"), Ok(Pushed::Activated));
+    /// assert_eq!(chain.push_value("b"), Ok(Pushed::Queued));
+    /// # unsafe { while chain.pop_value().is_some() {} chain.try_release(); }
+    /// ```
+    pub fn push(&self, node: NonNull<N>) -> Result<Pushed, Retired<NonNull<N>>> {
+        let link = N::link(node);
+        debug_assert_eq!(link.as_ptr() as usize & !PTR_MASK, 0, "Link must be 4-aligned");
+        let mut cur = self.state.load(Ordering::Relaxed);
+        loop {
+            if cur & RETIRED != 0 {
+                return Err(Retired(node));
+            }
+            // SAFETY: the node is not published yet (our CAS below has not succeeded), so this
+            // thread owns it exclusively.
+            unsafe { Link::set_next(link, (cur & PTR_MASK) as *mut Link) };
+            let new = link.as_ptr() as usize | ACTIVE;
+            // Activating pushes acquire, so the baton they create carries the previous owner's
+            // release (see "Memory ordering" above).
+            match self.state.compare_exchange_weak(
+                cur,
+                new,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(prev) if prev & ACTIVE == 0 => return Ok(Pushed::Activated),
+                Ok(_) => return Ok(Pushed::Queued),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Takes the oldest node, refilling the private FIFO from the inbox when it is empty.
+    /// Returns `None` when nothing is queued; the caller still owns the chain and should
+    /// [`try_release`](Self::try_release) it. Wait-free.
+    ///
+    /// # Safety
+    /// The caller owns the chain (holds `ACTIVE`).
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{Chain, BoxNode, Pushed};
+    /// let chain: Chain<BoxNode<u8>> = Chain::new();
+    /// let _ = chain.push_value(1);
+    /// let _ = chain.push_value(2);
+    /// // SAFETY: the first push activated the chain; this thread owns it.
+    /// unsafe {
+    ///     assert_eq!(chain.pop_value(), Some(1));
+    ///     assert_eq!(chain.pop_value(), Some(2));
+    ///     assert_eq!(chain.pop_value(), None);
+    ///     assert!(chain.try_release());
+    /// }
+    /// ```
+    pub unsafe fn pop(&self) -> Option<NonNull<N>> {
+        // SAFETY: the caller owns the chain.
+        let head = unsafe { self.peek_link() }?;
+        // SAFETY: the caller owns the chain and so the private FIFO and every node in it.
+        unsafe {
+            let next = Link::next(head);
+            self.local.with_mut(|l| *l = next);
+            Some(N::from_link(head))
+        }
+    }
+
+    /// The oldest queued node without taking it (refilling the private FIFO from the inbox if
+    /// needed). Wait-free.
+    ///
+    /// # Safety
+    /// The caller owns the chain. The returned pointer stays valid while the node is queued.
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{Chain, BoxNode};
+    /// let chain: Chain<BoxNode<u8>> = Chain::new();
+    /// let _ = chain.push_value(9);
+    /// // SAFETY: this thread activated the chain.
+    /// unsafe {
+    ///     assert!(chain.peek().is_some());
+    ///     assert_eq!(chain.pop_value(), Some(9));
+    ///     assert!(chain.peek().is_none());
+    ///     assert!(chain.try_release());
+    /// }
+    /// ```
+    pub unsafe fn peek(&self) -> Option<NonNull<N>> {
+        // SAFETY: forwarded precondition.
+        unsafe { self.peek_link() }.map(|l| {
+            // SAFETY: `l` came from `N::link` when it was pushed.
+            unsafe { N::from_link(l) }
+        })
+    }
+
+    /// # Safety
+    /// The caller owns the chain.
+    unsafe fn peek_link(&self) -> Option<NonNull<Link>> {
+        let local = self.local.with(|l| {
+            // SAFETY: only the owner touches `local`, and the caller is the owner.
+            unsafe { *l }
+        });
+        if let Some(head) = NonNull::new(local) {
+            return Some(head);
+        }
+        // Take the whole inbox, leaving ACTIVE (we still own the chain).
+        let prev = self.state.swap(ACTIVE, Ordering::Acquire);
+        debug_assert!(prev & ACTIVE != 0 && prev & RETIRED == 0, "pop without owning the chain");
+        let mut inbox = (prev & PTR_MASK) as *mut Link;
+        // Reverse newest-first into oldest-first.
+        let mut fifo: *mut Link = ptr::null_mut();
+        while let Some(node) = NonNull::new(inbox) {
+            // SAFETY: the swap (acquire) made every node of the inbox ours; their `next` fields
+            // were written before the pushes (release) that published them.
+            unsafe {
+                inbox = Link::next(node);
+                Link::set_next(node, fifo);
+            }
+            fifo = node.as_ptr();
+        }
+        // SAFETY: only the owner touches `local`.
+        self.local.with_mut(|l| unsafe { *l = fifo });
+        NonNull::new(fifo)
+    }
+
+    /// Puts a node the owner popped but did not run back at the front, so it is the next one
+    /// popped (for example a task that must wait for permits). Wait-free.
+    ///
+    /// # Safety
+    /// The caller owns the chain, and `node` is the node most recently popped from it by the
+    /// current owner and not pushed anywhere since.
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{Chain, BoxNode};
+    /// let chain: Chain<BoxNode<u8>> = Chain::new();
+    /// let _ = chain.push_value(1);
+    /// let _ = chain.push_value(2);
+    /// // SAFETY: this thread activated the chain; the node was just popped from it.
+    /// unsafe {
+    ///     let first = chain.pop().unwrap();
+    ///     chain.unpop(first);
+    ///     assert_eq!(chain.pop_value(), Some(1));
+    ///     assert_eq!(chain.pop_value(), Some(2));
+    ///     assert!(chain.try_release());
+    /// }
+    /// ```
+    pub unsafe fn unpop(&self, node: NonNull<N>) {
+        let link = N::link(node);
+        // SAFETY: the caller owns the chain, its private FIFO and the node.
+        unsafe {
+            let head = self.local.with(|l| *l);
+            Link::set_next(link, head);
+            self.local.with_mut(|l| *l = link.as_ptr());
+        }
+    }
+
+    /// Pops the oldest node and tells whether it is superseded under keep-latest coalescing: a
+    /// node for which `is_coalescing` is true is superseded when the next node queued after it is
+    /// coalescing too. The check refills from the inbox, so "next" means the next push that had
+    /// succeeded by now; a push that comes later finds this node already started. Wait-free
+    /// apart from `is_coalescing`.
+    ///
+    /// # Safety
+    /// The caller owns the chain.
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{Chain, BoxNode};
+    /// let chain: Chain<BoxNode<(bool, u8)>> = Chain::new();
+    /// for item in [(false, 1), (true, 2), (true, 3), (false, 4)] {
+    ///     let _ = chain.push_value(item);
+    /// }
+    /// let latest = |n: core::ptr::NonNull<BoxNode<(bool, u8)>>| unsafe { n.as_ref() }.value.0;
+    /// let mut ran = Vec::new();
+    /// // SAFETY: this thread activated the chain.
+    /// unsafe {
+    ///     while let Some(p) = chain.pop_coalescing(latest) {
+    ///         let node = BoxNode::into_value(p.node);
+    ///         if !p.superseded { ran.push(node.1) }
+    ///     }
+    ///     assert!(chain.try_release());
+    /// }
+    /// assert_eq!(ran, [1, 3, 4]);
+    /// ```
+    pub unsafe fn pop_coalescing(
+        &self,
+        mut is_coalescing: impl FnMut(NonNull<N>) -> bool,
+    ) -> Option<Popped<N>> {
+        // SAFETY: forwarded precondition.
+        let node = unsafe { self.pop() }?;
+        let superseded = is_coalescing(node)
+            // SAFETY: forwarded precondition.
+            && unsafe { self.peek() }.is_some_and(&mut is_coalescing);
+        Some(Popped { node, superseded })
+    }
+
+    /// Gives up ownership if nothing is queued: `CAS(ACTIVE -> 0)`. Returns `true` if released
+    /// (the caller must not touch the chain's owner state again, and the chain may be retired and
+    /// freed by others from now on, subject to the caller's reclamation scheme). Returns `false`
+    /// if something is queued: the caller still owns the chain and must drain or reschedule it.
+    /// Wait-free.
+    ///
+    /// # Safety
+    /// The caller owns the chain.
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{Chain, BoxNode};
+    /// let chain: Chain<BoxNode<u8>> = Chain::new();
+    /// let _ = chain.push_value(1);
+    /// // SAFETY: this thread activated the chain.
+    /// unsafe {
+    ///     assert!(!chain.try_release()); // 1 is still queued
+    ///     assert_eq!(chain.pop_value(), Some(1));
+    ///     assert!(chain.try_release());
+    /// }
+    /// assert!(chain.is_idle());
+    /// ```
+    #[must_use = "if the release failed the caller still owns the chain"]
+    pub unsafe fn try_release(&self) -> bool {
+        // SAFETY: only the owner touches `local`.
+        let local_empty = self.local.with(|l| unsafe { *l }).is_null();
+        if !local_empty {
+            return false;
+        }
+        self.state
+            .compare_exchange(ACTIVE, 0, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Retires an idle, empty chain: `CAS(0 -> RETIRED)`. Returns `true` if this call retired it;
+    /// from then on every push fails with [`Retired`] and the caller is responsible for unlinking
+    /// and freeing the chain. Returns `false` if the chain is owned, non-empty or already retired.
+    /// Wait-free.
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{Chain, BoxNode, Retired};
+    /// let chain: Chain<BoxNode<u8>> = Chain::new();
+    /// assert!(chain.try_retire());
+    /// assert!(chain.is_retired());
+    /// assert_eq!(chain.push_value(1), Err(Retired(1)));
+    /// ```
+    #[must_use = "a retired chain must be unlinked and freed by the caller"]
+    pub fn try_retire(&self) -> bool {
+        self.state
+            .compare_exchange(0, RETIRED, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// `true` if the chain has no owner and nothing queued (a snapshot).
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{Chain, BoxNode};
+    /// assert!(Chain::<BoxNode<u8>>::new().is_idle());
+    /// ```
+    pub fn is_idle(&self) -> bool {
+        self.state.load(Ordering::Acquire) == 0
+    }
+
+    /// `true` once the chain is retired (terminal).
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{Chain, BoxNode};
+    /// let c = Chain::<BoxNode<u8>>::new();
+    /// assert!(!c.is_retired());
+    /// ```
+    pub fn is_retired(&self) -> bool {
+        self.state.load(Ordering::Acquire) & RETIRED != 0
+    }
+
+    /// `true` while the chain has an owner (a snapshot).
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{Chain, BoxNode};
+    /// let c = Chain::<BoxNode<u8>>::new();
+    /// let _ = c.push_value(1);
+    /// assert!(c.is_active());
+    /// # unsafe { c.pop_value(); let _ = c.try_release(); }
+    /// ```
+    pub fn is_active(&self) -> bool {
+        self.state.load(Ordering::Acquire) & ACTIVE != 0
+    }
+}
+
+impl<N: Linked> Drop for Chain<N> {
+    fn drop(&mut self) {
+        // `&mut self`: no other thread can touch the chain; every queued node is ours.
+        let state = self.state.with_mut(|s| *s);
+        let mut inbox = (state & PTR_MASK) as *mut Link;
+        // SAFETY: `&mut self` gives exclusive access to the private FIFO cell.
+        let mut local = self.local.with_mut(|l| unsafe { *l });
+        // Drop the private FIFO first (older), then the inbox.
+        for list in [&mut local, &mut inbox] {
+            while let Some(node) = NonNull::new(*list) {
+                // SAFETY: exclusive access (`&mut self`); each node is visited once and never used
+                // by the chain again.
+                unsafe {
+                    *list = Link::next(node);
+                    N::drop_queued(N::from_link(node));
+                }
+            }
+        }
+    }
+}
+
+/// Access to the state word's plain value through `&mut` (no atomics needed). Loom's atomics
+/// offer `with_mut`; portable-atomic's offer `get_mut`; this trait gives both one name.
+trait WithMut {
+    fn with_mut<R>(&mut self, f: impl FnOnce(&mut usize) -> R) -> R;
+}
+
+#[cfg(not(loom))]
+impl WithMut for AtomicUsize {
+    fn with_mut<R>(&mut self, f: impl FnOnce(&mut usize) -> R) -> R {
+        f(self.get_mut())
+    }
+}
+
+#[cfg(loom)]
+impl WithMut for AtomicUsize {
+    fn with_mut<R>(&mut self, f: impl FnOnce(&mut usize) -> R) -> R {
+        AtomicUsize::with_mut(self, f)
+    }
+}
+
+#[cfg(feature = "alloc")]
+pub use boxed::BoxNode;
+
+#[cfg(feature = "alloc")]
+mod boxed {
+    use super::{Chain, Link, Linked, Pushed, Retired};
+    use alloc::boxed::Box;
+    use core::ptr::NonNull;
+
+    /// A heap node holding one value: the simplest [`Linked`] type (`alloc` feature).
+    ///
+    /// ```
+    /// use keyserial_core::chain::{BoxNode, Chain};
+    /// let chain: Chain<BoxNode<String>> = Chain::new();
+    /// let _ = chain.push_value("hello".to_string());
+    /// // SAFETY: the push activated the chain, so this thread owns it.
+    /// assert_eq!(unsafe { chain.pop_value() }.as_deref(), Some("hello"));
+    /// # assert!(unsafe { chain.try_release() });
+    /// ```
+    #[repr(C)]
+    pub struct BoxNode<T> {
+        link: Link,
+        /// The queued value.
+        pub value: T,
+    }
+
+    impl<T> BoxNode<T> {
+        /// Allocates a node holding `value`.
+        ///
+        /// ```
+        /// let node = keyserial_core::chain::BoxNode::new(5u8);
+        /// // SAFETY: `node` came from `BoxNode::new` and is not queued.
+        /// assert_eq!(unsafe { keyserial_core::chain::BoxNode::into_value(node) }, 5);
+        /// ```
+        pub fn new(value: T) -> NonNull<Self> {
+            NonNull::from(Box::leak(Box::new(BoxNode {
+                link: Link::new(),
+                value,
+            })))
+        }
+
+        /// Frees the node and returns its value.
+        ///
+        /// # Safety
+        /// `node` came from [`BoxNode::new`], is not queued on any chain, and is not used again.
+        pub unsafe fn into_value(node: NonNull<Self>) -> T {
+            // SAFETY: per the contract the node is a leaked Box that nobody else references.
+            unsafe { Box::from_raw(node.as_ptr()) }.value
+        }
+    }
+
+    // SAFETY: `link` is the first field of a `repr(C)` struct, so the pointer casts are exact
+    // inverses; a Link is pointer-aligned (at least 4 on every supported target).
+    unsafe impl<T> Linked for BoxNode<T> {
+        fn link(node: NonNull<Self>) -> NonNull<Link> {
+            node.cast()
+        }
+
+        unsafe fn from_link(link: NonNull<Link>) -> NonNull<Self> {
+            link.cast()
+        }
+
+        unsafe fn drop_queued(node: NonNull<Self>) {
+            // SAFETY: the chain hands us exclusive ownership of a node made by `BoxNode::new`.
+            drop(unsafe { Box::from_raw(node.as_ptr()) });
+        }
+    }
+
+    impl<T> Chain<BoxNode<T>> {
+        /// Boxes `value` and pushes it; see [`Chain::push`]. On a retired chain the value comes back.
+        ///
+        /// ```
+        /// # use keyserial_core::chain::{BoxNode, Chain, Pushed};
+        /// let chain: Chain<BoxNode<u8>> = Chain::new();
+        /// assert_eq!(chain.push_value(1), Ok(Pushed::Activated));
+        /// # unsafe { chain.pop_value(); assert!(chain.try_release()); }
+        /// ```
+        pub fn push_value(&self, value: T) -> Result<Pushed, Retired<T>> {
+            self.push(BoxNode::new(value)).map_err(|Retired(node)| {
+                // SAFETY: the push failed, so the node was never published; we still own it.
+                Retired(unsafe { BoxNode::into_value(node) })
+            })
+        }
+
+        /// Pops the oldest value; see [`Chain::pop`].
+        ///
+        /// # Safety
+        /// The caller owns the chain.
+        ///
+        /// ```
+        /// # use keyserial_core::chain::{BoxNode, Chain};
+        /// let chain: Chain<BoxNode<u8>> = Chain::new();
+        /// let _ = chain.push_value(3);
+        /// // SAFETY: this thread activated the chain.
+        /// assert_eq!(unsafe { chain.pop_value() }, Some(3));
+        /// # assert!(unsafe { chain.try_release() });
+        /// ```
+        pub unsafe fn pop_value(&self) -> Option<T> {
+            // SAFETY: forwarded precondition; a popped node is exclusively ours and was made by
+            // `BoxNode::new` (the only way to push into a `Chain<BoxNode<T>>` safely).
+            unsafe { self.pop().map(|n| BoxNode::into_value(n)) }
+        }
+    }
+}
+
+#[cfg(all(test, feature = "alloc"))]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::vec::Vec;
+
+    #[test]
+    fn first_push_activates_later_ones_queue() {
+        let c: Chain<BoxNode<u32>> = Chain::new();
+        assert_eq!(c.push_value(1), Ok(Pushed::Activated));
+        assert_eq!(c.push_value(2), Ok(Pushed::Queued));
+        assert!(c.is_active());
+        unsafe {
+            assert_eq!(c.pop_value(), Some(1));
+            assert_eq!(c.push_value(3), Ok(Pushed::Queued));
+            assert_eq!(c.pop_value(), Some(2));
+            assert_eq!(c.pop_value(), Some(3));
+            assert_eq!(c.pop_value(), None);
+            assert!(c.try_release());
+        }
+        assert!(c.is_idle());
+        assert_eq!(c.push_value(4), Ok(Pushed::Activated));
+        unsafe {
+            assert_eq!(c.pop_value(), Some(4));
+            assert!(c.try_release());
+        }
+    }
+
+    #[test]
+    fn release_fails_while_anything_is_queued() {
+        let c: Chain<BoxNode<u32>> = Chain::new();
+        let _ = c.push_value(1);
+        unsafe {
+            assert_eq!(c.pop_value(), Some(1));
+            let _ = c.push_value(2); // lands in the inbox while we own the chain
+            assert!(!c.try_release());
+            assert_eq!(c.pop_value(), Some(2));
+            assert!(c.try_release());
+        }
+    }
+
+    #[test]
+    fn retire_only_from_idle_and_is_terminal() {
+        let c: Chain<BoxNode<u32>> = Chain::new();
+        let _ = c.push_value(1);
+        assert!(!c.try_retire(), "active chain must not retire");
+        unsafe {
+            c.pop_value();
+            assert!(c.try_release());
+        }
+        assert!(c.try_retire());
+        assert!(!c.try_retire(), "retire happens once");
+        assert_eq!(c.push_value(5), Err(Retired(5)));
+        assert!(c.is_retired() && !c.is_active() && !c.is_idle());
+    }
+
+    #[test]
+    fn fifo_across_many_refills() {
+        let c: Chain<BoxNode<u32>> = Chain::new();
+        let mut next_push = 0;
+        let mut next_pop = 0;
+        for round in 0..50u32 {
+            for _ in 0..(round % 7) + 1 {
+                let _ = c.push_value(next_push);
+                next_push += 1;
+            }
+            for _ in 0..(round % 5) {
+                if let Some(v) = unsafe { c.pop_value() } {
+                    assert_eq!(v, next_pop);
+                    next_pop += 1;
+                }
+            }
+        }
+        while let Some(v) = unsafe { c.pop_value() } {
+            assert_eq!(v, next_pop);
+            next_pop += 1;
+        }
+        assert_eq!(next_pop, next_push);
+        assert!(unsafe { c.try_release() });
+    }
+
+    #[test]
+    fn drop_frees_queued_nodes_in_both_lists() {
+        let token = Arc::new(());
+        let c: Chain<BoxNode<Arc<()>>> = Chain::new();
+        for _ in 0..3 {
+            let _ = c.push_value(token.clone());
+        }
+        unsafe { assert!(c.peek().is_some()) }; // moves the inbox into the private FIFO
+        for _ in 0..2 {
+            let _ = c.push_value(token.clone()); // and two more stay in the inbox
+        }
+        assert_eq!(Arc::strong_count(&token), 6);
+        drop(c);
+        assert_eq!(Arc::strong_count(&token), 1);
+    }
+
+    #[test]
+    fn coalescing_skips_only_a_directly_followed_latest() {
+        // (is_latest, id)
+        let c: Chain<BoxNode<(bool, u32)>> = Chain::new();
+        let items = [
+            (true, 0),
+            (true, 1),
+            (false, 2),
+            (true, 3),
+            (false, 4),
+            (true, 5),
+            (true, 6),
+            (true, 7),
+        ];
+        for it in items {
+            let _ = c.push_value(it);
+        }
+        let latest = |n: NonNull<BoxNode<(bool, u32)>>| unsafe { n.as_ref() }.value.0;
+        let mut ran = Vec::new();
+        let mut superseded = Vec::new();
+        unsafe {
+            while let Some(p) = c.pop_coalescing(latest) {
+                let v = BoxNode::into_value(p.node).1;
+                if p.superseded {
+                    superseded.push(v)
+                } else {
+                    ran.push(v)
+                }
+            }
+            assert!(c.try_release());
+        }
+        assert_eq!(ran, [1, 2, 3, 4, 7]);
+        assert_eq!(superseded, [0, 5, 6]);
+    }
+
+    #[test]
+    fn coalescing_sees_pushes_made_after_the_first_take() {
+        let c: Chain<BoxNode<(bool, u32)>> = Chain::new();
+        let _ = c.push_value((true, 1));
+        let latest = |n: NonNull<BoxNode<(bool, u32)>>| unsafe { n.as_ref() }.value.0;
+        unsafe {
+            assert!(c.peek().is_some()); // node 1 is now in the private FIFO
+            let _ = c.push_value((true, 2)); // pushed into the inbox before 1 starts
+            let p = c.pop_coalescing(latest).unwrap();
+            assert!(p.superseded);
+            drop(BoxNode::into_value(p.node));
+            let p = c.pop_coalescing(latest).unwrap();
+            assert!(!p.superseded);
+            assert_eq!(BoxNode::into_value(p.node).1, 2);
+            assert!(c.try_release());
+        }
+    }
+
+    #[test]
+    fn concurrent_pushers_one_drainer_lose_nothing_and_keep_order() {
+        use std::sync::atomic::{AtomicUsize as StdAtomic, Ordering as O};
+        use std::thread;
+        const PUSHERS: usize = 3;
+        #[cfg(miri)]
+        const PER: usize = 50;
+        #[cfg(not(miri))]
+        const PER: usize = 20_000;
+        let chain: Arc<Chain<BoxNode<(usize, usize)>>> = Arc::new(Chain::new());
+        let activations = Arc::new(StdAtomic::new(0));
+        // The "ready queue": whoever activates hands the chain over through this channel.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let handles: Vec<_> = (0..PUSHERS)
+            .map(|p| {
+                let chain = chain.clone();
+                let tx = tx.clone();
+                let activations = activations.clone();
+                thread::spawn(move || {
+                    for i in 0..PER {
+                        if chain.push_value((p, i)).unwrap() == Pushed::Activated {
+                            activations.fetch_add(1, O::Relaxed);
+                            tx.send(()).unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        drop(tx);
+        let mut last = [None::<usize>; PUSHERS];
+        let mut seen = 0;
+        let mut drains = 0;
+        while rx.recv().is_ok() {
+            drains += 1;
+            // We own the chain now: drain until a release succeeds.
+            loop {
+                while let Some((p, i)) = unsafe { chain.pop_value() } {
+                    assert!(last[p].map_or(i == 0, |l| i == l + 1), "order broken");
+                    last[p] = Some(i);
+                    seen += 1;
+                }
+                if unsafe { chain.try_release() } {
+                    break;
+                }
+            }
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(seen, PUSHERS * PER);
+        assert_eq!(drains, activations.load(O::Relaxed));
+        assert!(chain.is_idle());
+    }
+}

@@ -1,0 +1,42 @@
+//! # keyserial-core
+//!
+//! The lock-free, `no_std` heart of [keyserial](https://docs.rs/keyserial): everything needed to run
+//! tasks **in order per key and in parallel across keys**, with no threads and no clocks of its own.
+//!
+//! | module | what it is |
+//! |---|---|
+//! | [`chain`] | a key's task chain: an intrusive MPSC queue fused with the `ACTIVE`/`RETIRED` handoff word |
+//! | [`pool`] | fixed-capacity node storage with generation counters, for builds without an allocator |
+//! | [`ready`] | queues where chains that became active wait for a worker (bounded no-alloc, unbounded with `alloc`) |
+//! | [`table`] | (`alloc`) the sharded, lock-free key table with epoch reclamation |
+//! | [`permits`] | the permit counter behind keyserial's fair semaphore |
+//!
+//! Every concurrent protocol is written down at the top of its module and checked by the loom models
+//! in the repository's `loom/` crate, which compile this crate with `--cfg loom` so that all atomics
+//! and shared cells come from loom (see the private `sync` facade).
+//!
+//! ## Features
+//! - `alloc` (default): heap-allocated chains ([`chain::BoxNode`]), the key [`table`], the unbounded
+//!   ready queue.
+//! - `critical-section`: forwards to `portable-atomic/critical-section` for targets without
+//!   compare-and-swap (`thumbv6m-none-eabi`, `riscv32imc-unknown-none-elf`); the final binary
+//!   supplies the critical-section implementation.
+#![no_std]
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[cfg(feature = "alloc")]
+extern crate alloc;
+
+#[cfg(test)]
+extern crate std;
+
+mod sync;
+
+pub mod chain;
+pub mod permits;
+pub mod pool;
+pub mod ready;
+#[cfg(feature = "alloc")]
+pub mod table;

@@ -1,0 +1,1 @@
+//! The permit counter behind the fair semaphore (being written).

@@ -1,0 +1,1268 @@
+//! The key table (`alloc` feature): key → entry (a key's chain plus whatever the executor keeps
+//! per key), sharded by hash, lock-free, with entries freed through `crossbeam-epoch`.
+//!
+//! # Shape: a sharded hash trie
+//!
+//! The table is a fixed root array of `2^12` slots (the *shards*: 32 KiB, selected by the low 12
+//! bits of the hash) under which each shard grows a trie of 16-slot inner nodes indexed by the next
+//! 4 hash bits per level. A slot word is one of:
+//!
+//! ```text
+//!  0                    empty
+//!  ptr | LEAF  (0b00)   an Entry (boxed, holds hash, key, value)
+//!  ptr | INNER (0b01)   an inner node: 16 slots + an occupancy word
+//!  ptr | COLL  (0b10)   a collision node: an immutable list of entries with one full 64-bit hash
+//! ```
+//!
+//! **Growth without a pause.** There is no resize. When an insert finds its slot taken by a leaf
+//! with another hash, it builds a private inner node (or a short path of them, down to the level
+//! where the two hashes differ) holding both leaves and publishes it with one CAS on that slot.
+//! Growth is local to one slot, so the table holds 1 to 10,000,000+ keys with the depth growing
+//! like `log16(keys / 4096)` (about 3.7 levels at 1 M keys, 4.5 at 10 M; simulated) and no scan is
+//! ever longer than a 64-bit hash collision list.
+//!
+//! **Shrinking.** Each inner node counts its non-empty slots plus inserts in flight (`occupancy`).
+//! An insert *reserves* (increments) before it CASes an empty slot of a node and un-reserves if the
+//! CAS fails; whoever empties a slot decrements. The thread that takes the count to zero tries
+//! `CAS(occupancy: 0 -> FROZEN)`; a frozen node is empty forever (nobody can reserve in it), so
+//! anyone who meets it — that thread, a reader, an inserter — may CAS its parent slot from the node
+//! to empty, and the winner of that CAS defers the node's free and decrements the parent (which may
+//! freeze in turn). So the index is bounded by the live keys, not by every key ever seen.
+//!
+//! # Entries and retirement
+//!
+//! Removal happens only through retirement of the entry's value ([`Retire`]; for a chain:
+//! `CAS(0 -> RETIRED)`), never by key: a map's "remove if idle" cannot be made safe against a
+//! pusher that already holds the chain, the chain's own terminal state can. After retiring, the
+//! retirer calls [`Table::unlink`]. Two threads can take a retired entry out of its slot:
+//!
+//! - the retirer, `CAS(slot: entry -> empty)` in `unlink`, or
+//! - an inserter of the same key that finds the retired entry and *replaces* it:
+//!   `CAS(slot: entry -> fresh entry)`, so a new chain never waits for the retirer to finish.
+//!
+//! The slot holding an entry is unique (an expansion CAS moves the pointer from the old slot to the
+//! new inner node atomically) and an entry is never re-inserted, so exactly one CAS removes it, and
+//! that CAS's winner defers its destruction (`Guard::defer_unchecked`). Readers hold a guard from
+//! this table's collector while they use an entry, so it is freed only after they are done.
+//!
+//! # Exactly one entry per key
+//!
+//! The path of a key is fixed by its hash. An insert publishes a leaf only by CAS on the first
+//! empty slot of that path, or by replacing a leaf of the same key that is retired, or inside a
+//! fresh inner node that replaces the leaf of another key. In each case the CAS's expected value
+//! proves no live entry of the key existed on the path at that instant, and two inserters of one
+//! key race on the same slot: one CAS wins, the loser re-reads the slot, finds the winner's entry
+//! and returns it (freeing its own unpublished entry on the spot).
+//!
+//! # Progress guarantees
+//!
+//! | operation | guarantee |
+//! |---|---|
+//! | [`get`](Table::get) | wait-free apart from the trie depth: at most one load per level, no retries |
+//! | [`get_or_insert_with`](Table::get_or_insert_with) | lock-free: a CAS fails only because another insert, replacement, unlink or expansion of that slot succeeded |
+//! | [`unlink`](Table::unlink) | lock-free, same argument |
+//! | [`len`](Table::len) | wait-free, a sum of 16 sharded counters (approximate under concurrency) |
+//!
+//! Memory is reclaimed through the table's own [`Collector`] (no_std has no default collector):
+//! every guard passed in must come from [`Table::collector`] (checked).
+
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+use core::borrow::Borrow;
+use core::fmt;
+use core::hash::{BuildHasher, Hash};
+use core::marker::PhantomData;
+use core::ptr::NonNull;
+
+use crossbeam_epoch::{Collector, Guard, LocalHandle};
+use crossbeam_utils::CachePadded;
+
+use crate::chain::{Chain, Linked};
+use crate::sync::{AtomicUsize, Ordering};
+
+const ROOT_BITS: u32 = 12;
+const NODE_BITS: u32 = 4;
+const FANOUT: usize = 1 << NODE_BITS;
+const NODE_MASK: u64 = FANOUT as u64 - 1;
+const ROOT_MASK: u64 = (1 << ROOT_BITS) - 1;
+const LEN_SHARDS: usize = 16;
+
+const TAG_MASK: usize = 0b11;
+const LEAF: usize = 0b00;
+const INNER: usize = 0b01;
+const COLL: usize = 0b10;
+
+/// Occupancy bit of an inner node: the node is empty forever and must be unlinked.
+const FROZEN: usize = 1 << (usize::BITS - 1);
+
+/// A value that can be taken out of the table: it has a terminal "retired" state after which it
+/// is never used for new work. [`Chain`] is the canonical implementation.
+pub trait Retire {
+    /// `true` once the value is retired.
+    ///
+    /// ```
+    /// use keyserial_core::{chain::{BoxNode, Chain}, table::Retire};
+    /// let chain: Chain<BoxNode<u8>> = Chain::new();
+    /// assert!(!Retire::is_retired(&chain));
+    /// ```
+    fn is_retired(&self) -> bool;
+}
+
+impl<N: Linked> Retire for Chain<N> {
+    fn is_retired(&self) -> bool {
+        Chain::is_retired(self)
+    }
+}
+
+/// One key's entry: its hash, key and value. Lives until it is unlinked and every guard that
+/// could have seen it is dropped.
+pub struct Entry<K, V> {
+    hash: u64,
+    key: K,
+    value: V,
+}
+
+impl<K, V> Entry<K, V> {
+    /// The key.
+    ///
+    /// ```
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// let table: Table<u32, u8, RandomState> = Table::with_hasher(RandomState::new());
+    /// let handle = table.collector().register();
+    /// let guard = handle.pin();
+    /// assert_eq!(*table.get_or_insert_with(7, || 0, &guard).key(), 7);
+    /// ```
+    pub fn key(&self) -> &K {
+        &self.key
+    }
+
+    /// The value.
+    ///
+    /// ```
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// let table: Table<u32, u8, RandomState> = Table::with_hasher(RandomState::new());
+    /// let handle = table.collector().register();
+    /// let guard = handle.pin();
+    /// assert_eq!(*table.get_or_insert_with(7, || 3, &guard).value(), 3);
+    /// ```
+    pub fn value(&self) -> &V {
+        &self.value
+    }
+
+    /// The key's 64-bit hash under the table's hasher.
+    ///
+    /// ```
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// # use core::hash::BuildHasher;
+    /// let table: Table<u32, u8, RandomState> = Table::with_hasher(RandomState::new());
+    /// let handle = table.collector().register();
+    /// let guard = handle.pin();
+    /// let e = table.get_or_insert_with(7, || 3, &guard);
+    /// assert_eq!(e.hash(), table.hasher().hash_one(7u32));
+    /// ```
+    pub fn hash(&self) -> u64 {
+        self.hash
+    }
+}
+
+impl<K: fmt::Debug, V: fmt::Debug> fmt::Debug for Entry<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Entry")
+            .field("key", &self.key)
+            .field("value", &self.value)
+            .finish()
+    }
+}
+
+struct Inner {
+    occupancy: AtomicUsize,
+    slots: [AtomicUsize; FANOUT],
+}
+
+impl Inner {
+    fn new() -> Box<Inner> {
+        Box::new(Inner {
+            occupancy: AtomicUsize::new(0),
+            slots: core::array::from_fn(|_| AtomicUsize::new(0)),
+        })
+    }
+
+    /// Reserves room for one more occupied slot; fails once the node is frozen.
+    fn reserve(&self) -> bool {
+        let mut cur = self.occupancy.load(Ordering::Acquire);
+        loop {
+            if cur & FROZEN != 0 {
+                return false;
+            }
+            match self.occupancy.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Gives back one reservation or occupied slot. Returns `true` if this call froze the node
+    /// (it became empty): the caller must then unlink it from its parent.
+    fn release(&self) -> bool {
+        let prev = self.occupancy.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(prev & !FROZEN > 0);
+        prev == 1
+            && self
+                .occupancy
+                .compare_exchange(0, FROZEN, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    fn is_frozen(&self) -> bool {
+        self.occupancy.load(Ordering::Acquire) & FROZEN != 0
+    }
+}
+
+/// An immutable list of entries whose keys share one full 64-bit hash.
+struct Collision<K, V> {
+    entries: Vec<*const Entry<K, V>>,
+}
+
+/// One step of a search path: the slot, and the inner node that contains it (`None` for a root
+/// slot).
+#[derive(Clone, Copy)]
+struct Step<'a> {
+    slot: &'a AtomicUsize,
+    node: Option<&'a Inner>,
+}
+
+/// A path from the root to the current slot, used to unlink nodes that empty out.
+struct Path<'a> {
+    steps: [Option<Step<'a>>; 18],
+    len: usize,
+}
+
+impl<'a> Path<'a> {
+    fn new(root: &'a AtomicUsize) -> Self {
+        let mut steps = [None; 18];
+        steps[0] = Some(Step {
+            slot: root,
+            node: None,
+        });
+        Path { steps, len: 1 }
+    }
+    fn top(&self) -> Step<'a> {
+        self.steps[self.len - 1].expect("path is never empty")
+    }
+    fn push(&mut self, step: Step<'a>) {
+        self.steps[self.len] = Some(step);
+        self.len += 1;
+    }
+    fn pop(&mut self) -> Option<Step<'a>> {
+        if self.len <= 1 {
+            return None;
+        }
+        self.len -= 1;
+        self.steps[self.len].take()
+    }
+}
+
+/// The sharded, lock-free key table. See the [module documentation](self) for the protocol and
+/// progress guarantees.
+///
+/// ```
+/// use keyserial_core::chain::{BoxNode, Chain, Pushed};
+/// use keyserial_core::table::Table;
+/// use std::collections::hash_map::RandomState;
+///
+/// let table: Table<&str, Chain<BoxNode<u32>>, RandomState> = Table::with_hasher(RandomState::new());
+/// let handle = table.collector().register();
+/// let guard = handle.pin();
+/// let entry = table.get_or_insert_with("alice", Chain::new, &guard);
+/// assert_eq!(entry.value().push_value(1), Ok(Pushed::Activated));
+/// assert!(table.get("alice", &guard).is_some());
+/// // drain, release, retire, unlink:
+/// unsafe {
+///     assert_eq!(entry.value().pop_value(), Some(1));
+///     assert!(entry.value().try_release());
+/// }
+/// assert!(entry.value().try_retire());
+/// assert!(table.unlink(entry, &guard));
+/// assert!(table.get("alice", &guard).is_none());
+/// ```
+pub struct Table<K, V, S> {
+    roots: Box<[AtomicUsize]>,
+    lens: [CachePadded<AtomicUsize>; LEN_SHARDS],
+    hasher: S,
+    collector: Collector,
+    _entries: PhantomData<Box<Entry<K, V>>>,
+}
+
+// SAFETY: the table owns its entries (K, V); sending it sends them.
+unsafe impl<K: Send, V: Send, S: Send> Send for Table<K, V, S> {}
+// SAFETY: shared access hands out `&Entry<K, V>` to several threads (needs K, V: Sync) and moves
+// ownership of entries between threads on replacement and reclamation (needs K, V: Send).
+unsafe impl<K: Send + Sync, V: Send + Sync, S: Sync> Sync for Table<K, V, S> {}
+
+impl<K, V, S> fmt::Debug for Table<K, V, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Table").field("len", &self.len()).finish()
+    }
+}
+
+fn tag(word: usize) -> usize {
+    word & TAG_MASK
+}
+
+fn untag<T>(word: usize) -> *const T {
+    (word & !TAG_MASK) as *const T
+}
+
+impl<K, V, S> Table<K, V, S> {
+    /// An empty table with its own epoch collector.
+    ///
+    /// ```
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// let table: Table<u64, u8, RandomState> = Table::with_hasher(RandomState::new());
+    /// assert_eq!(table.len(), 0);
+    /// ```
+    pub fn with_hasher(hasher: S) -> Self {
+        Self::with_hasher_and_collector(hasher, Collector::new())
+    }
+
+    /// An empty table that reclaims through `collector` (for example crossbeam-epoch's global
+    /// default collector in std builds, whose guards are cheap to get on any thread).
+    ///
+    /// ```
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// let collector = crossbeam_epoch::Collector::new();
+    /// let table: Table<u64, u8, RandomState> =
+    ///     Table::with_hasher_and_collector(RandomState::new(), collector.clone());
+    /// assert!(table.collector() == &collector);
+    /// ```
+    pub fn with_hasher_and_collector(hasher: S, collector: Collector) -> Self {
+        Table {
+            roots: (0..1usize << ROOT_BITS)
+                .map(|_| AtomicUsize::new(0))
+                .collect(),
+            lens: core::array::from_fn(|_| CachePadded::new(AtomicUsize::new(0))),
+            hasher,
+            collector,
+            _entries: PhantomData,
+        }
+    }
+
+    /// The collector that reclaims this table's memory; every guard passed to the table must be
+    /// pinned from a handle registered with it.
+    ///
+    /// ```
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// let table: Table<u64, u8, RandomState> = Table::with_hasher(RandomState::new());
+    /// let handle = table.collector().register();
+    /// let _guard = handle.pin();
+    /// ```
+    pub fn collector(&self) -> &Collector {
+        &self.collector
+    }
+
+    /// Registers the calling thread with the table's collector (shorthand for
+    /// `self.collector().register()`).
+    ///
+    /// ```
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// let table: Table<u64, u8, RandomState> = Table::with_hasher(RandomState::new());
+    /// let guard = table.register().pin();
+    /// assert!(table.get(&1, &guard).is_none());
+    /// ```
+    pub fn register(&self) -> LocalHandle {
+        self.collector.register()
+    }
+
+    /// The hasher.
+    ///
+    /// ```
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// let table: Table<u64, u8, RandomState> = Table::with_hasher(RandomState::new());
+    /// let _ = table.hasher();
+    /// ```
+    pub fn hasher(&self) -> &S {
+        &self.hasher
+    }
+
+    /// The number of entries in the table (retired entries not yet unlinked included); a sum of
+    /// sharded counters, exact when the table is quiescent.
+    ///
+    /// ```
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// let table: Table<u64, u8, RandomState> = Table::with_hasher(RandomState::new());
+    /// let guard = table.register().pin();
+    /// table.get_or_insert_with(1, || 0, &guard);
+    /// assert_eq!(table.len(), 1);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.lens
+            .iter()
+            .map(|l| l.load(Ordering::Relaxed))
+            .fold(0usize, usize::wrapping_add)
+            .min(isize::MAX as usize)
+    }
+
+    /// `true` if [`len`](Self::len) is zero.
+    ///
+    /// ```
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// assert!(Table::<u64, u8, RandomState>::with_hasher(RandomState::new()).is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn check_guard(&self, guard: &Guard) {
+        assert!(
+            guard.collector() == Some(&self.collector),
+            "guard belongs to another collector than this table's"
+        );
+    }
+
+    fn count(&self, hash: u64, delta: isize) {
+        let shard = (hash >> (64 - 4)) as usize;
+        self.lens[shard].fetch_add(delta as usize, Ordering::Relaxed);
+    }
+
+    fn root(&self, hash: u64) -> &AtomicUsize {
+        &self.roots[(hash & ROOT_MASK) as usize]
+    }
+}
+
+impl<K: Hash + Eq, V, S: BuildHasher> Table<K, V, S> {
+
+    /// The entry for `key`, if the table has one (it may be retired: check its value).
+    /// Never locks, never retries.
+    ///
+    /// ```
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// let table: Table<String, u8, RandomState> = Table::with_hasher(RandomState::new());
+    /// let guard = table.register().pin();
+    /// table.get_or_insert_with("k".to_string(), || 5, &guard);
+    /// assert_eq!(table.get("k", &guard).map(|e| *e.value()), Some(5));
+    /// assert!(table.get("other", &guard).is_none());
+    /// ```
+    pub fn get<'g, Q>(&'g self, key: &Q, guard: &'g Guard) -> Option<&'g Entry<K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.check_guard(guard);
+        let hash = self.hasher.hash_one(key);
+        let mut slot = self.root(hash);
+        let mut shift = ROOT_BITS;
+        loop {
+            let word = slot.load(Ordering::Acquire);
+            if word == 0 {
+                return None;
+            }
+            match tag(word) {
+                LEAF => {
+                    // SAFETY: a published leaf stays allocated while our guard is pinned.
+                    let e = unsafe { &*untag::<Entry<K, V>>(word) };
+                    return (e.hash == hash && e.key.borrow() == key).then_some(e);
+                }
+                INNER => {
+                    // SAFETY: as above, for inner nodes.
+                    let node = unsafe { &*untag::<Inner>(word) };
+                    slot = &node.slots[((hash >> shift) & NODE_MASK) as usize];
+                    shift += NODE_BITS;
+                }
+                _ => {
+                    // SAFETY: as above, for collision nodes and the entries they list.
+                    let coll = unsafe { &*untag::<Collision<K, V>>(word) };
+                    return coll
+                        .entries
+                        .iter()
+                        .map(|&e| unsafe { &*e })
+                        .find(|e| e.key.borrow() == key);
+                }
+            }
+        }
+    }
+
+}
+
+impl<K, V, S> Table<K, V, S>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Retire + Send + Sync + 'static,
+    S: BuildHasher,
+{
+    /// The live entry for `key`, inserting `make()` if there is none or if the key's entry is
+    /// retired (then the retired entry is replaced and reclaimed). Lock-free. `make` runs at most
+    /// once, and its value is dropped unused if another thread inserted the key first.
+    ///
+    /// The returned entry was live when found; it can be retired concurrently, so a caller that
+    /// then fails to use it (a push reporting [`Retired`](crate::chain::Retired)) simply calls
+    /// this again.
+    ///
+    /// ```
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// let table: Table<u32, u32, RandomState> = Table::with_hasher(RandomState::new());
+    /// let guard = table.register().pin();
+    /// let a = table.get_or_insert_with(1, || 10, &guard);
+    /// let b = table.get_or_insert_with(1, || 20, &guard);
+    /// assert!(core::ptr::eq(a, b));
+    /// assert_eq!(*b.value(), 10);
+    /// # impl_retire_for_u32_in_doctest();
+    /// # fn impl_retire_for_u32_in_doctest() {}
+    /// ```
+    pub fn get_or_insert_with<'g>(
+        &'g self,
+        key: K,
+        make: impl FnOnce() -> V,
+        guard: &'g Guard,
+    ) -> &'g Entry<K, V> {
+        self.check_guard(guard);
+        let hash = self.hasher.hash_one(&key);
+        let mut fresh = Fresh::new(hash, key, make);
+        'restart: loop {
+            let mut path = Path::new(self.root(hash));
+            let mut shift = ROOT_BITS;
+            loop {
+                let Step { slot, node } = path.top();
+                let word = slot.load(Ordering::Acquire);
+                if word == 0 {
+                    if let Some(node) = node {
+                        if !node.reserve() {
+                            // The node is frozen: help unlink it, then start over.
+                            self.help_unlink_frozen(&mut path, guard);
+                            continue 'restart;
+                        }
+                    }
+                    let leaf = fresh.ptr() as usize | LEAF;
+                    match slot.compare_exchange(0, leaf, Ordering::AcqRel, Ordering::Acquire) {
+                        Ok(_) => {
+                            self.count(hash, 1);
+                            return fresh.publish();
+                        }
+                        Err(_) => {
+                            if let Some(node) = node {
+                                if node.release() {
+                                    // Cannot happen: our reservation kept it above zero until
+                                    // now, and the slot we failed on is occupied. Be safe anyway.
+                                    self.unlink_frozen_at(&mut path, guard);
+                                }
+                            }
+                            continue;
+                        }
+                    }
+                }
+                match tag(word) {
+                    LEAF => {
+                        // SAFETY: published leaves stay allocated while we are pinned.
+                        let e = unsafe { &*untag::<Entry<K, V>>(word) };
+                        if e.hash == hash && e.key == *fresh.key() {
+                            if !e.value.is_retired() {
+                                return e;
+                            }
+                            // Replace the retired entry; its retirer's unlink will find it gone.
+                            let leaf = fresh.ptr() as usize | LEAF;
+                            if slot
+                                .compare_exchange(word, leaf, Ordering::AcqRel, Ordering::Acquire)
+                                .is_ok()
+                            {
+                                // SAFETY: our CAS removed the old entry from its only slot; no new
+                                // reader can reach it, current readers are covered by the epoch.
+                                unsafe { defer_free_entry(guard, e) };
+                                return fresh.publish();
+                            }
+                            continue;
+                        }
+                        // Another key holds the slot: push both one level down (or further).
+                        let leaf = fresh.ptr() as usize | LEAF;
+                        let sub = build_subtree::<K, V>(word, e.hash, leaf, hash, shift);
+                        match slot.compare_exchange(word, sub, Ordering::AcqRel, Ordering::Acquire)
+                        {
+                            Ok(_) => {
+                                self.count(hash, 1);
+                                return fresh.publish();
+                            }
+                            Err(_) => {
+                                // SAFETY: `sub` was never published; free its private nodes only.
+                                unsafe { free_private_subtree::<K, V>(sub) };
+                                continue;
+                            }
+                        }
+                    }
+                    INNER => {
+                        // SAFETY: published inner nodes stay allocated while we are pinned.
+                        let inner = unsafe { &*untag::<Inner>(word) };
+                        if inner.is_frozen() {
+                            path.push(Step {
+                                slot: &inner.slots[0],
+                                node: Some(inner),
+                            });
+                            self.help_unlink_frozen(&mut path, guard);
+                            continue 'restart;
+                        }
+                        path.push(Step {
+                            slot: &inner.slots[((hash >> shift) & NODE_MASK) as usize],
+                            node: Some(inner),
+                        });
+                        shift += NODE_BITS;
+                    }
+                    _ => {
+                        // SAFETY: published collision nodes stay allocated while we are pinned.
+                        let coll = unsafe { &*untag::<Collision<K, V>>(word) };
+                        let mut entries = Vec::with_capacity(coll.entries.len() + 1);
+                        let mut replaced = None;
+                        for &p in &coll.entries {
+                            // SAFETY: entries listed in a published collision node are live.
+                            let e = unsafe { &*p };
+                            if e.key == *fresh.key() {
+                                if !e.value.is_retired() {
+                                    return e;
+                                }
+                                replaced = Some(e);
+                            } else {
+                                entries.push(p);
+                            }
+                        }
+                        entries.push(fresh.ptr());
+                        let new = Box::into_raw(Box::new(Collision { entries })) as usize | COLL;
+                        match slot.compare_exchange(word, new, Ordering::AcqRel, Ordering::Acquire)
+                        {
+                            Ok(_) => {
+                                // SAFETY: our CAS unpublished the old collision node (and the
+                                // retired entry we dropped from the list, if any).
+                                unsafe {
+                                    defer_free_collision::<K, V>(guard, word);
+                                    if let Some(old) = replaced {
+                                        defer_free_entry(guard, old);
+                                    } else {
+                                        self.count(hash, 1);
+                                    }
+                                }
+                                return fresh.publish();
+                            }
+                            Err(_) => {
+                                // SAFETY: never published.
+                                drop(unsafe { Box::from_raw(untag::<Collision<K, V>>(new) as *mut Collision<K, V>) });
+                                continue;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes a retired entry out of the table and defers its free through the epoch. Returns
+    /// `true` if this call removed it, `false` if it was already gone (an inserter of the same key
+    /// replaced it). Lock-free.
+    ///
+    /// # Panics
+    /// If the entry's value is not retired: entries leave the table only through retirement.
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{BoxNode, Chain};
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// let table: Table<u8, Chain<BoxNode<()>>, RandomState> = Table::with_hasher(RandomState::new());
+    /// let guard = table.register().pin();
+    /// let e = table.get_or_insert_with(1, Chain::new, &guard);
+    /// assert!(e.value().try_retire());
+    /// assert!(table.unlink(e, &guard));
+    /// assert!(!table.unlink(e, &guard)); // already gone; `e` itself stays valid while pinned
+    /// assert_eq!(table.len(), 0);
+    /// ```
+    pub fn unlink<'g>(&'g self, entry: &'g Entry<K, V>, guard: &'g Guard) -> bool {
+        self.check_guard(guard);
+        assert!(
+            entry.value.is_retired(),
+            "only retired entries leave the table"
+        );
+        let hash = entry.hash;
+        let target = entry as *const Entry<K, V>;
+        'restart: loop {
+            let mut path = Path::new(self.root(hash));
+            let mut shift = ROOT_BITS;
+            loop {
+                let Step { slot, node } = path.top();
+                let word = slot.load(Ordering::Acquire);
+                if word == 0 {
+                    return false;
+                }
+                match tag(word) {
+                    LEAF => {
+                        if untag::<Entry<K, V>>(word) != target {
+                            return false;
+                        }
+                        if slot
+                            .compare_exchange(word, 0, Ordering::AcqRel, Ordering::Acquire)
+                            .is_err()
+                        {
+                            continue;
+                        }
+                        // SAFETY: our CAS removed the entry from its only slot.
+                        unsafe { defer_free_entry(guard, entry) };
+                        self.count(hash, -1);
+                        if let Some(node) = node {
+                            if node.release() {
+                                self.unlink_frozen_at(&mut path, guard);
+                            }
+                        }
+                        return true;
+                    }
+                    INNER => {
+                        // SAFETY: published inner nodes stay allocated while we are pinned.
+                        let inner = unsafe { &*untag::<Inner>(word) };
+                        if inner.is_frozen() {
+                            path.push(Step {
+                                slot: &inner.slots[0],
+                                node: Some(inner),
+                            });
+                            self.help_unlink_frozen(&mut path, guard);
+                            continue 'restart;
+                        }
+                        path.push(Step {
+                            slot: &inner.slots[((hash >> shift) & NODE_MASK) as usize],
+                            node: Some(inner),
+                        });
+                        shift += NODE_BITS;
+                    }
+                    _ => {
+                        // SAFETY: published collision nodes stay allocated while we are pinned.
+                        let coll = unsafe { &*untag::<Collision<K, V>>(word) };
+                        if !coll.entries.contains(&target) {
+                            return false;
+                        }
+                        let rest: Vec<_> =
+                            coll.entries.iter().copied().filter(|&p| p != target).collect();
+                        let new = match rest.len() {
+                            0 => 0,
+                            1 => rest[0] as usize | LEAF,
+                            _ => Box::into_raw(Box::new(Collision { entries: rest })) as usize | COLL,
+                        };
+                        if slot
+                            .compare_exchange(word, new, Ordering::AcqRel, Ordering::Acquire)
+                            .is_err()
+                        {
+                            if tag(new) == COLL {
+                                // SAFETY: never published.
+                                drop(unsafe { Box::from_raw(untag::<Collision<K, V>>(new) as *mut Collision<K, V>) });
+                            }
+                            continue;
+                        }
+                        // SAFETY: our CAS unpublished the old collision node and `entry`.
+                        unsafe {
+                            defer_free_collision::<K, V>(guard, word);
+                            defer_free_entry(guard, entry);
+                        }
+                        self.count(hash, -1);
+                        if new == 0 {
+                            if let Some(node) = node {
+                                if node.release() {
+                                    self.unlink_frozen_at(&mut path, guard);
+                                }
+                            }
+                        }
+                        return true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `path.top()` is a step inside a frozen node: unlink that node from its parent slot (if
+    /// nobody has yet), cascading upwards through parents that empty out in turn.
+    fn help_unlink_frozen(&self, path: &mut Path<'_>, guard: &Guard) {
+        self.unlink_frozen_at(path, guard)
+    }
+
+    fn unlink_frozen_at(&self, path: &mut Path<'_>, guard: &Guard) {
+        // Invariant: path.top().node is frozen.
+        while let Some(Step {
+            node: Some(frozen), ..
+        }) = path.pop()
+        {
+            debug_assert!(frozen.is_frozen());
+            let parent = path.top();
+            let expected = frozen as *const Inner as usize | INNER;
+            if parent
+                .slot
+                .compare_exchange(expected, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                return; // someone else unlinked it (and handles the parent)
+            }
+            // SAFETY: our CAS removed the node from its only slot.
+            unsafe {
+                let p = frozen as *const Inner as *mut Inner;
+                guard.defer_unchecked(move || drop(Box::from_raw(p)));
+            }
+            match parent.node {
+                Some(pnode) if pnode.release() => continue, // parent froze too: cascade
+                _ => return,
+            }
+        }
+    }
+}
+
+/// The entry an insert may publish: allocated on first need, freed if never published.
+struct Fresh<K, V, F> {
+    hash: u64,
+    key: Option<K>,
+    make: Option<F>,
+    entry: Option<NonNull<Entry<K, V>>>,
+}
+
+impl<K, V, F: FnOnce() -> V> Fresh<K, V, F> {
+    fn new(hash: u64, key: K, make: F) -> Self {
+        Fresh {
+            hash,
+            key: Some(key),
+            make: Some(make),
+            entry: None,
+        }
+    }
+
+    fn key(&self) -> &K {
+        match (&self.key, self.entry) {
+            (Some(k), _) => k,
+            // SAFETY: the entry is ours until published.
+            (None, Some(e)) => unsafe { &(*e.as_ptr()).key },
+            (None, None) => unreachable!("key is either held or inside the entry"),
+        }
+    }
+
+    fn ptr(&mut self) -> *const Entry<K, V> {
+        if let Some(e) = self.entry {
+            return e.as_ptr();
+        }
+        let entry = Box::new(Entry {
+            hash: self.hash,
+            key: self.key.take().expect("key"),
+            value: (self.make.take().expect("make"))(),
+        });
+        let p = NonNull::from(Box::leak(entry));
+        self.entry = Some(p);
+        p.as_ptr()
+    }
+
+    /// The entry was published by a successful CAS: hand out the reference, never free it here.
+    fn publish<'g>(mut self) -> &'g Entry<K, V> {
+        let e = self.entry.take().expect("published entry exists");
+        // SAFETY: published entries live until unlinked and reclaimed after every guard is gone.
+        unsafe { &*e.as_ptr() }
+    }
+}
+
+impl<K, V, F> Drop for Fresh<K, V, F> {
+    fn drop(&mut self) {
+        if let Some(e) = self.entry.take() {
+            // SAFETY: never published, so still exclusively ours.
+            drop(unsafe { Box::from_raw(e.as_ptr()) });
+        }
+    }
+}
+
+/// Builds a private subtree holding leaf `a` (hash `ha`) and leaf `b` (hash `hb`), starting with
+/// the level indexed at bit `shift`. Returns the tagged word to CAS into the slot.
+fn build_subtree<K, V>(a: usize, ha: u64, b: usize, hb: u64, shift: u32) -> usize {
+    if shift >= 64 {
+        let coll = Collision::<K, V> {
+            entries: alloc::vec![untag::<Entry<K, V>>(a), untag::<Entry<K, V>>(b)],
+        };
+        return Box::into_raw(Box::new(coll)) as usize | COLL;
+    }
+    let node = Inner::new();
+    let ia = ((ha >> shift) & NODE_MASK) as usize;
+    let ib = ((hb >> shift) & NODE_MASK) as usize;
+    if ia == ib {
+        let child = build_subtree::<K, V>(a, ha, b, hb, shift + NODE_BITS);
+        node.slots[ia].store(child, Ordering::Relaxed);
+        node.occupancy.store(1, Ordering::Relaxed);
+    } else {
+        node.slots[ia].store(a, Ordering::Relaxed);
+        node.slots[ib].store(b, Ordering::Relaxed);
+        node.occupancy.store(2, Ordering::Relaxed);
+    }
+    Box::into_raw(node) as usize | INNER
+}
+
+/// Frees the inner and collision nodes of a subtree made by `build_subtree` that was never
+/// published. Leaves are not freed (they belong to the table or to the inserter).
+///
+/// # Safety
+/// `word` came from `build_subtree` and was never published.
+unsafe fn free_private_subtree<K, V>(word: usize) {
+    match tag(word) {
+        INNER => {
+            // SAFETY: private node made by build_subtree.
+            let node = unsafe { Box::from_raw(untag::<Inner>(word) as *mut Inner) };
+            for s in node.slots.iter() {
+                let w = s.load(Ordering::Relaxed);
+                if w != 0 && tag(w) != LEAF {
+                    // SAFETY: children of a private node are private too.
+                    unsafe { free_private_subtree::<K, V>(w) };
+                }
+            }
+        }
+        COLL => {
+            // SAFETY: private node made by build_subtree.
+            drop(unsafe { Box::from_raw(untag::<Collision<K, V>>(word) as *mut Collision<K, V>) });
+        }
+        _ => {}
+    }
+}
+
+/// # Safety
+/// `entry` was just removed from the table by the caller's successful CAS and is reachable by
+/// no new reader.
+unsafe fn defer_free_entry<K, V>(guard: &Guard, entry: &Entry<K, V>) {
+    let p = entry as *const Entry<K, V> as *mut Entry<K, V>;
+    // SAFETY: per the contract; K and V are Send + 'static (Table's bounds), so running the drop
+    // later on another thread is fine.
+    unsafe { guard.defer_unchecked(move || drop(Box::from_raw(p))) };
+}
+
+/// # Safety
+/// `word` is a collision node just unpublished by the caller's successful CAS.
+unsafe fn defer_free_collision<K, V>(guard: &Guard, word: usize) {
+    let p = untag::<Collision<K, V>>(word) as *mut Collision<K, V>;
+    // SAFETY: per the contract; the node only holds raw pointers (entries are freed separately).
+    unsafe { guard.defer_unchecked(move || drop(Box::from_raw(p))) };
+}
+
+impl<K, V, S> Drop for Table<K, V, S> {
+    fn drop(&mut self) {
+        // `&mut self`: no thread is inside the table. Everything still linked is ours; what was
+        // unlinked is owned by the collector's deferred frees.
+        fn free<K, V>(word: usize) {
+            if word == 0 {
+                return;
+            }
+            match tag(word) {
+                LEAF => {
+                    // SAFETY: a linked leaf is owned by the table.
+                    drop(unsafe { Box::from_raw(untag::<Entry<K, V>>(word) as *mut Entry<K, V>) });
+                }
+                INNER => {
+                    // SAFETY: a linked inner node is owned by the table.
+                    let node = unsafe { Box::from_raw(untag::<Inner>(word) as *mut Inner) };
+                    for s in node.slots.iter() {
+                        free::<K, V>(s.load(Ordering::Relaxed));
+                    }
+                }
+                _ => {
+                    // SAFETY: a linked collision node and its entries are owned by the table.
+                    let coll = unsafe {
+                        Box::from_raw(untag::<Collision<K, V>>(word) as *mut Collision<K, V>)
+                    };
+                    for &e in &coll.entries {
+                        // SAFETY: as above.
+                        drop(unsafe { Box::from_raw(e as *mut Entry<K, V>) });
+                    }
+                }
+            }
+        }
+        for root in self.roots.iter() {
+            free::<K, V>(root.load(Ordering::Relaxed));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chain::{BoxNode, Chain, Pushed};
+    use core::hash::{BuildHasherDefault, Hasher};
+    use std::collections::hash_map::RandomState;
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use std::thread;
+
+    impl Retire for u32 {
+        fn is_retired(&self) -> bool {
+            false
+        }
+    }
+
+    /// A value whose retirement is a flag, for table-only tests.
+    #[derive(Default)]
+    struct Flag(crate::sync::AtomicBool);
+    impl Retire for Flag {
+        fn is_retired(&self) -> bool {
+            self.0.load(Ordering::Acquire)
+        }
+    }
+    impl Flag {
+        fn retire(&self) {
+            self.0.store(true, Ordering::Release)
+        }
+    }
+
+    /// A terrible hasher: only the low 3 bits of the key survive, so everything collides.
+    #[derive(Default)]
+    struct Low3(u64);
+    impl Hasher for Low3 {
+        fn finish(&self) -> u64 {
+            self.0 & 7
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            for b in bytes {
+                self.0 = (self.0 << 8) | *b as u64;
+            }
+        }
+        fn write_u64(&mut self, n: u64) {
+            self.0 = n;
+        }
+    }
+
+    /// Identity hasher: lets tests place keys on chosen trie paths.
+    #[derive(Default)]
+    struct Ident(u64);
+    impl Hasher for Ident {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, _: &[u8]) {
+            unreachable!()
+        }
+        fn write_u64(&mut self, n: u64) {
+            self.0 = n;
+        }
+    }
+
+    fn n() -> usize {
+        if cfg!(miri) {
+            200
+        } else {
+            20_000
+        }
+    }
+
+    #[test]
+    fn insert_get_many_keys() {
+        let t: Table<u64, u32, RandomState> = Table::with_hasher(RandomState::new());
+        let h = t.register();
+        let g = h.pin();
+        for k in 0..n() as u64 {
+            let e = t.get_or_insert_with(k, || k as u32, &g);
+            assert_eq!(*e.value(), k as u32);
+        }
+        assert_eq!(t.len(), n());
+        for k in 0..n() as u64 {
+            assert_eq!(t.get(&k, &g).map(|e| *e.value()), Some(k as u32));
+        }
+        assert!(t.get(&(n() as u64 + 1), &g).is_none());
+    }
+
+    #[test]
+    fn retire_unlink_and_reinsert_with_full_collisions() {
+        let t: Table<u64, Flag, BuildHasherDefault<Low3>> = Table::with_hasher(Default::default());
+        let h = t.register();
+        for round in 0..3 {
+            let g = h.pin();
+            let keys = 0..64u64;
+            for k in keys.clone() {
+                t.get_or_insert_with(k, Flag::default, &g);
+            }
+            assert_eq!(t.len(), 64, "round {round}");
+            for k in keys.clone().filter(|k| k % 2 == 0) {
+                let e = t.get(&k, &g).unwrap();
+                e.value().retire();
+                assert!(t.unlink(e, &g));
+                assert!(!t.unlink(e, &g));
+            }
+            assert_eq!(t.len(), 32);
+            for k in keys.clone() {
+                assert_eq!(t.get(&k, &g).is_some(), k % 2 == 1, "key {k}");
+            }
+            for k in keys.filter(|k| k % 2 == 1) {
+                let e = t.get(&k, &g).unwrap();
+                e.value().retire();
+                assert!(t.unlink(e, &g));
+            }
+            assert_eq!(t.len(), 0);
+            drop(g);
+            h.pin().flush();
+        }
+    }
+
+    #[test]
+    fn insert_replaces_a_retired_entry_and_unlink_then_reports_gone() {
+        let t: Table<u64, Flag, RandomState> = Table::with_hasher(RandomState::new());
+        let h = t.register();
+        let g = h.pin();
+        let old = t.get_or_insert_with(5, Flag::default, &g);
+        old.value().retire();
+        let new = t.get_or_insert_with(5, Flag::default, &g);
+        assert!(!core::ptr::eq(old, new));
+        assert!(!new.value().is_retired());
+        assert!(!t.unlink(old, &g), "the inserter already took it out");
+        assert_eq!(t.len(), 1);
+        assert!(core::ptr::eq(t.get(&5, &g).unwrap(), new));
+    }
+
+    #[test]
+    fn empty_inner_nodes_are_unlinked() {
+        let t: Table<u64, Flag, BuildHasherDefault<Ident>> = Table::with_hasher(Default::default());
+        let h = t.register();
+        let g = h.pin();
+        // Same root slot (low 12 bits 0), same first nibble, different second nibble: two
+        // levels of inner nodes.
+        let keys = [0u64, 1 << 16, 2 << 16, 1 << 40];
+        for &k in &keys {
+            t.get_or_insert_with(k, Flag::default, &g);
+        }
+        assert_ne!(t.roots[0].load(Ordering::Relaxed), 0);
+        assert_eq!(tag(t.roots[0].load(Ordering::Relaxed)), INNER);
+        for &k in &keys {
+            let e = t.get(&k, &g).unwrap();
+            e.value().retire();
+            assert!(t.unlink(e, &g));
+        }
+        assert_eq!(t.roots[0].load(Ordering::Relaxed), 0, "index shrank back to nothing");
+        // And it grows again.
+        for &k in &keys {
+            t.get_or_insert_with(k, Flag::default, &g);
+        }
+        for &k in &keys {
+            assert!(t.get(&k, &g).is_some());
+        }
+    }
+
+    #[test]
+    fn matches_a_hashmap_model_under_churn() {
+        let t: Table<u64, Flag, BuildHasherDefault<Ident>> = Table::with_hasher(Default::default());
+        let h = t.register();
+        let mut model: HashMap<u64, ()> = HashMap::new();
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..n() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Keys that share long hash prefixes, to exercise deep paths and compaction.
+            let k = (x % 64) << ((x >> 8) % 50);
+            let g = h.pin();
+            if x & 1 == 0 {
+                t.get_or_insert_with(k, Flag::default, &g);
+                model.insert(k, ());
+            } else if let Some(e) = t.get(&k, &g) {
+                e.value().retire();
+                assert!(t.unlink(e, &g));
+                assert!(model.remove(&k).is_some());
+            } else {
+                assert!(!model.contains_key(&k));
+            }
+        }
+        assert_eq!(t.len(), model.len());
+        let g = h.pin();
+        for k in model.keys() {
+            assert!(t.get(k, &g).is_some());
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "another collector")]
+    fn foreign_guard_is_rejected() {
+        let t: Table<u64, u32, RandomState> = Table::with_hasher(RandomState::new());
+        let other = Collector::new().register();
+        let g = other.pin();
+        t.get(&1, &g);
+    }
+
+    #[test]
+    fn concurrent_inserters_of_one_key_get_one_chain() {
+        let rounds = if cfg!(miri) { 5 } else { 500 };
+        for r in 0..rounds {
+            let t: Arc<Table<u64, Chain<BoxNode<u32>>, RandomState>> =
+                Arc::new(Table::with_hasher(RandomState::new()));
+            let ptrs: std::vec::Vec<usize> = (0..2)
+                .map(|_| {
+                    let t = t.clone();
+                    thread::spawn(move || {
+                        let h = t.register();
+                        let g = h.pin();
+                        t.get_or_insert_with(r, Chain::new, &g) as *const _ as usize
+                    })
+                })
+                .collect::<std::vec::Vec<_>>()
+                .into_iter()
+                .map(|j| j.join().unwrap())
+                .collect();
+            assert_eq!(ptrs[0], ptrs[1]);
+            assert_eq!(t.len(), 1);
+        }
+    }
+
+    #[test]
+    fn submit_retire_storm_loses_no_task() {
+        // Pushers look a key up and push; a drainer drains, releases and retires at once. A push
+        // that meets a retired chain goes back to the table. Every pushed value must be drained.
+        use std::sync::atomic::{AtomicUsize as A, Ordering as O};
+        let per = if cfg!(miri) { 30 } else { 5_000 };
+        let t: Arc<Table<u64, Chain<BoxNode<u64>>, RandomState>> =
+            Arc::new(Table::with_hasher(RandomState::new()));
+        let drained = Arc::new(A::new(0));
+        let (tx, rx) = std::sync::mpsc::channel::<usize>();
+        let pushers: std::vec::Vec<_> = (0..2)
+            .map(|_| {
+                let t = t.clone();
+                let tx = tx.clone();
+                thread::spawn(move || {
+                    let h = t.register();
+                    for i in 0..per {
+                        let g = h.pin();
+                        let key = (i % 4) as u64;
+                        let mut v = i as u64;
+                        loop {
+                            let e = t.get_or_insert_with(key, Chain::new, &g);
+                            match e.value().push_value(v) {
+                                Ok(Pushed::Activated) => {
+                                    tx.send(e as *const _ as usize).unwrap();
+                                    break;
+                                }
+                                Ok(Pushed::Queued) => break,
+                                Err(crate::chain::Retired(back)) => v = back,
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        drop(tx);
+        let h = t.register();
+        while let Ok(p) = rx.recv() {
+            let g = h.pin();
+            // SAFETY (test): an active chain is never retired, so its entry is alive.
+            let e = unsafe { &*(p as *const Entry<u64, Chain<BoxNode<u64>>>) };
+            loop {
+                while unsafe { e.value().pop_value() }.is_some() {
+                    drained.fetch_add(1, O::Relaxed);
+                }
+                if unsafe { e.value().try_release() } {
+                    break;
+                }
+            }
+            if e.value().try_retire() {
+                t.unlink(e, &g);
+            }
+        }
+        for p in pushers {
+            p.join().unwrap();
+        }
+        assert_eq!(drained.load(O::Relaxed), 2 * per);
+    }
+}
