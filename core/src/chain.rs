@@ -560,8 +560,10 @@ impl<N: Linked> Chain<N> {
 
 impl<N: Linked> Drop for Chain<N> {
     fn drop(&mut self) {
-        // `&mut self`: no other thread can touch the chain; every queued node is ours.
-        let state = self.state.with_mut(|s| *s);
+        // `&mut self`: no other thread can touch the chain; every queued node is ours. (An atomic
+        // load rather than `get_mut`, so that loom models, which cannot see the epoch
+        // reclamation's own synchronisation, do not flag the destructor.)
+        let state = self.state.load(Ordering::Relaxed);
         let mut inbox = (state & PTR_MASK) as *mut Link;
         // SAFETY: `&mut self` gives exclusive access to the private FIFO cell.
         let mut local = self.local.with_mut(|l| unsafe { *l });
@@ -576,26 +578,6 @@ impl<N: Linked> Drop for Chain<N> {
                 }
             }
         }
-    }
-}
-
-/// Access to the state word's plain value through `&mut` (no atomics needed). Loom's atomics
-/// offer `with_mut`; portable-atomic's offer `get_mut`; this trait gives both one name.
-trait WithMut {
-    fn with_mut<R>(&mut self, f: impl FnOnce(&mut usize) -> R) -> R;
-}
-
-#[cfg(not(loom))]
-impl WithMut for AtomicUsize {
-    fn with_mut<R>(&mut self, f: impl FnOnce(&mut usize) -> R) -> R {
-        f(self.get_mut())
-    }
-}
-
-#[cfg(loom)]
-impl WithMut for AtomicUsize {
-    fn with_mut<R>(&mut self, f: impl FnOnce(&mut usize) -> R) -> R {
-        AtomicUsize::with_mut(self, f)
     }
 }
 

@@ -6,7 +6,7 @@
 //!
 //! # `BoundedQueue` protocol
 //!
-//! A ring of `N` cells (`N` a power of two) and two cache-padded counters, `tail` (next position
+//! A ring of `N` cells (`N` a power of two, at least 2) and two cache-padded counters, `tail` (next position
 //! to write) and `head` (next position to read); positions grow forever (wrapping) and position
 //! `p` lives in cell `p % N`. Each cell carries a sequence number, its *generation*, which says
 //! whose turn it is and prevents ABA on the cell:
@@ -53,7 +53,7 @@ impl<T> Cell<T> {
 }
 
 /// A fixed-capacity, allocation-free MPMC queue (see the [module docs](self) for the protocol).
-/// `N` must be a power of two (checked at compile time).
+/// `N` must be a power of two and at least 2 (checked at compile time).
 ///
 /// ```
 /// use keyserial_core::ready::BoundedQueue;
@@ -77,7 +77,11 @@ unsafe impl<T: Send, const N: usize> Send for BoundedQueue<T, N> {}
 unsafe impl<T: Send, const N: usize> Sync for BoundedQueue<T, N> {}
 
 impl<T, const N: usize> BoundedQueue<T, N> {
-    const CHECK: () = assert!(N.is_power_of_two(), "BoundedQueue capacity must be a power of two");
+    // With N == 1 "written at p" (seq p + 1) and "free for p + N" (seq p + N) coincide.
+    const CHECK: () = assert!(
+        N.is_power_of_two() && N >= 2,
+        "BoundedQueue capacity must be a power of two, at least 2"
+    );
 
     /// An empty queue.
     ///
@@ -130,9 +134,10 @@ impl<T, const N: usize> BoundedQueue<T, N> {
     /// Appends `value`, or hands it back if the queue is full.
     ///
     /// ```
-    /// let q = keyserial_core::ready::BoundedQueue::<u8, 1>::new();
+    /// let q = keyserial_core::ready::BoundedQueue::<u8, 2>::new();
     /// assert_eq!(q.push(1), Ok(()));
-    /// assert_eq!(q.push(2), Err(2));
+    /// assert_eq!(q.push(2), Ok(()));
+    /// assert_eq!(q.push(3), Err(3));
     /// ```
     pub fn push(&self, value: T) -> Result<(), T> {
         let mut pos = self.tail.load(Ordering::Relaxed);

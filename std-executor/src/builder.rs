@@ -1,0 +1,213 @@
+//! Configuration of a [`Serializer`](crate::Serializer).
+
+use std::fmt;
+use std::hash::Hash;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use crate::{BuildError, Serializer};
+
+/// Configures and builds a [`Serializer`].
+///
+/// | setting | default | meaning |
+/// |---|---|---|
+/// | [`workers`](Self::workers) | available parallelism | core worker threads, always running |
+/// | [`max_workers`](Self::max_workers) | = `workers` | elastic ceiling: extra threads start when every worker is busy or blocked and work waits |
+/// | [`worker_keep_alive`](Self::worker_keep_alive) | 10 s | how long an idle extra worker lives |
+/// | [`key_idle_timeout`](Self::key_idle_timeout) | 100 ms | how long a drained key keeps its state (0 = release at once) |
+/// | [`fairness_budget`](Self::fairness_budget) | 64 | tasks of one key a worker runs before it lets other keys go first |
+/// | [`capacity`](Self::capacity) | unbounded | queued (not running) tasks; `submit` blocks and `try_submit` refuses when full |
+/// | [`thread_name`](Self::thread_name) | `"keyserial"` | worker thread name prefix (`name-0`, `name-1`, …) |
+///
+/// ```
+/// use std::time::Duration;
+/// use keyserial::Builder;
+///
+/// let s = Builder::<u64>::new()
+///     .workers(2)
+///     .max_workers(8)
+///     .key_idle_timeout(Duration::from_secs(1))
+///     .capacity(10_000)
+///     .thread_name("orders")
+///     .build()
+///     .unwrap();
+/// s.execute(42, || println!("order 42")).unwrap();
+/// ```
+pub struct Builder<K> {
+    pub(crate) workers: Option<usize>,
+    pub(crate) max_workers: Option<usize>,
+    pub(crate) worker_keep_alive: Duration,
+    pub(crate) key_idle_timeout: Duration,
+    pub(crate) fairness_budget: usize,
+    pub(crate) capacity: Option<usize>,
+    pub(crate) thread_name: String,
+    _key: PhantomData<fn(K)>,
+}
+
+impl<K> fmt::Debug for Builder<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("workers", &self.workers)
+            .field("max_workers", &self.max_workers)
+            .field("worker_keep_alive", &self.worker_keep_alive)
+            .field("key_idle_timeout", &self.key_idle_timeout)
+            .field("fairness_budget", &self.fairness_budget)
+            .field("capacity", &self.capacity)
+            .field("thread_name", &self.thread_name)
+            .finish()
+    }
+}
+
+impl<K> Default for Builder<K> {
+    fn default() -> Self {
+        Builder {
+            workers: None,
+            max_workers: None,
+            worker_keep_alive: Duration::from_secs(10),
+            key_idle_timeout: Duration::from_millis(100),
+            fairness_budget: 64,
+            capacity: None,
+            thread_name: "keyserial".to_string(),
+            _key: PhantomData,
+        }
+    }
+}
+
+impl<K> Builder<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// A builder with the defaults in the table above.
+    ///
+    /// ```
+    /// let s = keyserial::Builder::<String>::new().build().unwrap();
+    /// # drop(s);
+    /// ```
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Core worker threads (at least 1).
+    ///
+    /// ```
+    /// let s = keyserial::Builder::<u8>::new().workers(3).build().unwrap();
+    /// assert_eq!(s.stats().workers, 3);
+    /// ```
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = Some(n);
+        self
+    }
+
+    /// The most worker threads, core plus elastic (at least `workers`).
+    ///
+    /// ```
+    /// let s = keyserial::Builder::<u8>::new().workers(1).max_workers(4).build().unwrap();
+    /// # drop(s);
+    /// ```
+    pub fn max_workers(mut self, n: usize) -> Self {
+        self.max_workers = Some(n);
+        self
+    }
+
+    /// How long an idle elastic worker waits for work before it exits.
+    ///
+    /// ```
+    /// let s = keyserial::Builder::<u8>::new()
+    ///     .worker_keep_alive(std::time::Duration::from_millis(500))
+    ///     .build()
+    ///     .unwrap();
+    /// # drop(s);
+    /// ```
+    pub fn worker_keep_alive(mut self, d: Duration) -> Self {
+        self.worker_keep_alive = d;
+        self
+    }
+
+    /// How long a drained key keeps its state before it is released (`Duration::ZERO`: at once).
+    ///
+    /// ```
+    /// let s = keyserial::Builder::<u8>::new()
+    ///     .key_idle_timeout(std::time::Duration::ZERO)
+    ///     .build()
+    ///     .unwrap();
+    /// s.submit(1, || ()).unwrap().join().unwrap();
+    /// # drop(s);
+    /// ```
+    pub fn key_idle_timeout(mut self, d: Duration) -> Self {
+        self.key_idle_timeout = d;
+        self
+    }
+
+    /// Tasks of one key a worker runs in a row before other keys get a turn (at least 1).
+    ///
+    /// ```
+    /// let s = keyserial::Builder::<u8>::new().fairness_budget(8).build().unwrap();
+    /// # drop(s);
+    /// ```
+    pub fn fairness_budget(mut self, n: usize) -> Self {
+        self.fairness_budget = n;
+        self
+    }
+
+    /// The most queued (admitted, not started) tasks (at least 1).
+    ///
+    /// ```
+    /// let s = keyserial::Builder::<u8>::new().capacity(1024).build().unwrap();
+    /// # drop(s);
+    /// ```
+    pub fn capacity(mut self, n: usize) -> Self {
+        self.capacity = Some(n);
+        self
+    }
+
+    /// The worker threads' name prefix.
+    ///
+    /// ```
+    /// let s = keyserial::Builder::<u8>::new().thread_name("io").build().unwrap();
+    /// let name = s.submit(1, || std::thread::current().name().unwrap().to_string())
+    ///     .unwrap().join().unwrap();
+    /// assert!(name.starts_with("io-"));
+    /// ```
+    pub fn thread_name(mut self, name: impl Into<String>) -> Self {
+        self.thread_name = name.into();
+        self
+    }
+
+    /// Checks the settings and starts the serializer's threads.
+    ///
+    /// ```
+    /// let err = keyserial::Builder::<u8>::new().workers(2).max_workers(1).build().unwrap_err();
+    /// assert!(err.to_string().contains("max_workers"));
+    /// ```
+    pub fn build(self) -> Result<Serializer<K>, BuildError> {
+        let err = |m: &str| {
+            Err(BuildError {
+                message: m.to_string(),
+            })
+        };
+        let workers = self.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        });
+        if workers == 0 {
+            return err("workers must be at least 1");
+        }
+        let max_workers = self.max_workers.unwrap_or(workers);
+        if max_workers < workers {
+            return err("max_workers must be at least workers");
+        }
+        if max_workers > 4096 {
+            return err("max_workers must be at most 4096");
+        }
+        if self.fairness_budget == 0 {
+            return err("fairness_budget must be at least 1");
+        }
+        if self.capacity == Some(0) {
+            return err("capacity must be at least 1");
+        }
+        Serializer::start(self, workers, max_workers).map_err(|e| BuildError {
+            message: format!("could not start worker threads: {e}"),
+        })
+    }
+}

@@ -1,0 +1,138 @@
+//! Task handles: a blocking `join` and a `Future`, fed by the worker that finishes the task.
+//!
+//! The shared state is a mutex-protected slot (result + waker) plus a condvar. The worker stores
+//! the outcome and takes the waker under the lock, then wakes after unlocking; a joiner or poller
+//! checks the slot under the same lock, so a completion is never missed.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use crate::sync::{lock, Arc, AtomicBool, Condvar, Mutex, Ordering};
+use crate::TaskError;
+
+pub(crate) struct JoinState<T> {
+    done: AtomicBool,
+    slot: Mutex<Slot<T>>,
+    cond: Condvar,
+}
+
+struct Slot<T> {
+    result: Option<Result<T, TaskError>>,
+    waker: Option<Waker>,
+}
+
+impl<T> JoinState<T> {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(JoinState {
+            done: AtomicBool::new(false),
+            slot: Mutex::new(Slot {
+                result: None,
+                waker: None,
+            }),
+            cond: Condvar::new(),
+        })
+    }
+
+    /// Stores the outcome (exactly once) and wakes the joiner.
+    pub(crate) fn complete(&self, result: Result<T, TaskError>) {
+        let waker = {
+            let mut slot = lock(&self.slot);
+            debug_assert!(slot.result.is_none(), "a task completes once");
+            slot.result = Some(result);
+            self.done.store(true, Ordering::Release);
+            slot.waker.take()
+        };
+        self.cond.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// The handle of a submitted task: wait for its result with [`join`](Self::join), or `.await` it
+/// (it is a [`Future`] that works under any executor).
+///
+/// Dropping the handle detaches the task; it still runs.
+///
+/// ```
+/// use keyserial::Serializer;
+/// let s: Serializer<&str> = Serializer::new();
+/// let h = s.submit("alice", || 2 + 2).unwrap();
+/// assert_eq!(h.join().unwrap(), 4);
+/// ```
+#[must_use = "dropping a handle detaches the task; use `execute` if you need no result"]
+pub struct TaskHandle<T> {
+    state: Arc<JoinState<T>>,
+}
+
+impl<T> TaskHandle<T> {
+    pub(crate) fn new(state: Arc<JoinState<T>>) -> Self {
+        TaskHandle { state }
+    }
+
+    /// Blocks until the task has finished and returns its value, or why there is none.
+    ///
+    /// ```
+    /// use keyserial::{Serializer, TaskError};
+    /// let s: Serializer<u8> = Serializer::new();
+    /// assert_eq!(s.submit(1, || "done").unwrap().join().unwrap(), "done");
+    /// ```
+    pub fn join(self) -> Result<T, TaskError> {
+        let mut slot = lock(&self.state.slot);
+        loop {
+            if let Some(r) = slot.result.take() {
+                return r;
+            }
+            #[cfg(not(loom))]
+            {
+                slot = self
+                    .state
+                    .cond
+                    .wait(slot)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+            #[cfg(loom)]
+            {
+                slot = self.state.cond.wait(slot).unwrap();
+            }
+        }
+    }
+
+    /// `true` once the task has finished (ran, panicked, or was cancelled or superseded).
+    ///
+    /// ```
+    /// use keyserial::Serializer;
+    /// let s: Serializer<u8> = Serializer::new();
+    /// let h = s.submit(1, || ()).unwrap();
+    /// while !h.is_finished() { std::thread::yield_now(); }
+    /// ```
+    pub fn is_finished(&self) -> bool {
+        self.state.done.load(Ordering::Acquire)
+    }
+}
+
+impl<T> Future for TaskHandle<T> {
+    type Output = Result<T, TaskError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut slot = lock(&self.state.slot);
+        if let Some(r) = slot.result.take() {
+            return Poll::Ready(r);
+        }
+        match &slot.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => slot.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}
+
+impl<T> fmt::Debug for TaskHandle<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaskHandle")
+            .field("finished", &self.is_finished())
+            .finish()
+    }
+}

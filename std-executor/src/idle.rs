@@ -1,0 +1,118 @@
+//! Idle release of keys: a key's chain is retired `key_idle_timeout` after it drains, even if
+//! nothing else is ever submitted, so memory does not grow with the keys ever seen.
+//!
+//! # Protocol
+//!
+//! `key_idle_timeout == 0`: the worker that released the chain retires it at once
+//! (`CAS(0 -> RETIRED)`, fails if a push re-activated it) and unlinks it from the table.
+//!
+//! Otherwise each key has an idle word `(release tick << 1) | QUEUED`, and each worker an idle FIFO
+//! of `(entry, deadline)` items. Since the timeout is one constant, release order is deadline order.
+//!
+//! - **release** (worker, after `CAS(ACTIVE -> 0)` succeeded, under an epoch guard pinned before
+//!   it): `prev = idle.swap(now << 1 | QUEUED)`. If `prev` lacked `QUEUED`, this worker pushes an
+//!   item onto its own FIFO. So a key has an item in some FIFO exactly while `QUEUED` is set.
+//! - **reap** (the FIFO's owner, when the head's deadline passed): if the key was released again
+//!   since (its tick is newer), push the item back with the newer deadline. Else try
+//!   `CAS(0 -> RETIRED)`: success means idle and empty; unlink it and the epoch frees it. Failure
+//!   means the chain is active: `fetch_and(!QUEUED)` drops the item, then, if the chain is idle
+//!   again by now, `fetch_or(QUEUED)` and re-queue the item if that set the bit.
+//!
+//! **Only the holder of a key's item retires the key**, and `QUEUED` (set by an RMW that returns the
+//! old value) means exactly one item exists, so an entry in a FIFO is never freed behind its
+//! item's back. **No idle key is forgotten**: a releaser's `swap` and the reaper's `fetch_and` are
+//! RMWs on one word; if the swap comes second it sees `QUEUED` clear and queues an item; if it
+//! comes first, the reaper's `fetch_and` happens-after the release CAS, so the reaper's following
+//! `is_idle` check sees the chain idle (or active again, when a later release will queue it).
+//! A key is retired between one and two timeouts after its last release.
+
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+
+use crossbeam_epoch::Guard;
+
+use crate::shared::{IdleItem, KeyEntry, Shared};
+use crate::sync::Ordering;
+
+const QUEUED: u64 = 1;
+
+/// Called by the worker that just released `entry`'s chain, with a guard pinned before the release.
+pub(crate) fn released<K>(
+    shared: &Shared<K>,
+    entry_ptr: NonNull<KeyEntry<K>>,
+    guard: &Guard,
+    fifo: &mut VecDeque<IdleItem<K>>,
+    now: &mut u64,
+) where
+    K: std::hash::Hash + Eq + Send + Sync + 'static,
+{
+    // SAFETY: the guard was pinned before the release, so the entry stays allocated while it is
+    // held even if another thread retires and unlinks it now.
+    let entry = unsafe { entry_ptr.as_ref() };
+    let timeout = shared.config.key_idle_timeout.as_millis() as u64;
+    if timeout == 0 {
+        if entry.value().chain.try_retire() {
+            shared.table.unlink(entry, guard);
+        }
+        return;
+    }
+    if *now == 0 {
+        *now = shared.now_ms();
+    }
+    let prev = entry
+        .value()
+        .idle
+        .swap((*now << 1) | QUEUED, Ordering::AcqRel);
+    if prev & QUEUED == 0 {
+        // We set QUEUED, so no item exists and nobody can retire the key: it is safe to keep.
+        fifo.push_back(IdleItem {
+            entry: entry_ptr,
+            deadline: *now + timeout,
+        });
+    }
+}
+
+/// Retires the keys whose timeout passed (all of them if `all`).
+pub(crate) fn reap<K>(shared: &Shared<K>, fifo: &mut VecDeque<IdleItem<K>>, now: u64, all: bool)
+where
+    K: std::hash::Hash + Eq + Send + Sync + 'static,
+{
+    let timeout = shared.config.key_idle_timeout.as_millis() as u64;
+    let guard = crossbeam_epoch::pin();
+    let mut budget = fifo.len();
+    while budget > 0 {
+        budget -= 1;
+        let Some(front) = fifo.front() else { break };
+        if !all && front.deadline > now {
+            break;
+        }
+        let item = fifo.pop_front().expect("front exists");
+        // SAFETY: we hold the key's only idle item, so nobody else retires (and frees) it.
+        let entry = unsafe { item.entry.as_ref() };
+        let ks = entry.value();
+        let last = ks.idle.load(Ordering::Acquire) >> 1;
+        if !all && last + timeout > now {
+            fifo.push_back(IdleItem {
+                entry: item.entry,
+                deadline: last + timeout,
+            });
+            continue;
+        }
+        if ks.chain.try_retire() {
+            shared.table.unlink(entry, &guard);
+            continue;
+        }
+        // Active again: drop our item; a later release queues a new one.
+        ks.idle.fetch_and(!QUEUED, Ordering::AcqRel);
+        if ks.chain.is_idle() {
+            // It was released before our fetch_and saw its swap: re-queue it ourselves.
+            let prev = ks.idle.fetch_or(QUEUED, Ordering::AcqRel);
+            if prev & QUEUED == 0 {
+                fifo.push_back(IdleItem {
+                    entry: item.entry,
+                    deadline: (prev >> 1) + timeout,
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,748 @@
+//! The serializer: the public face of keyserial.
+
+use std::fmt;
+use std::hash::Hash;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_deque::Worker;
+use keyserial_core::chain::{Pushed, Retired};
+
+use crate::builder::Builder;
+use crate::handle::{JoinState, TaskHandle};
+use crate::semaphore::Semaphore;
+use crate::shared::{phase, Config, KeyEntry, KeyState, Runnable, Shared};
+use crate::sync::{lock, Ordering, Parker};
+use crate::task::{Detached, Job, Joined, Kind, TaskRef};
+use crate::worker::{self, drain_chain, Owned};
+use crate::{RejectReason, Rejected, Stats};
+
+/// Runs tasks **in order per key and in parallel across keys** on a small pool of OS threads.
+///
+/// Tasks submitted with the same key run one at a time, in the order their submissions returned
+/// `Ok`; tasks of different keys run in parallel, and a slow or blocked task delays only its own
+/// key. Any number of keys may be used; a key that goes quiet is released after
+/// [`key_idle_timeout`](Builder::key_idle_timeout).
+///
+/// Dropping the serializer shuts it down gracefully: queued tasks still run, and the threads are
+/// joined (unless the drop happens on one of its own workers, which then finish on their own).
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use keyserial::Serializer;
+///
+/// let s: Serializer<&str> = Serializer::new();
+/// let log = Arc::new(Mutex::new(Vec::new()));
+/// for i in 0..5 {
+///     let log = log.clone();
+///     s.execute("alice", move || log.lock().unwrap().push(i)).unwrap();
+/// }
+/// s.submit("bob", || ()).unwrap().join().unwrap();
+/// s.shutdown();
+/// assert!(s.await_termination(std::time::Duration::from_secs(10)));
+/// assert_eq!(*log.lock().unwrap(), [0, 1, 2, 3, 4]); // alice's tasks, in order
+/// ```
+pub struct Serializer<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    shared: Arc<Shared<K>>,
+}
+
+impl<K> fmt::Debug for Serializer<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Serializer")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl<K> Default for Serializer<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// How a submission behaves when the serializer is at capacity.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Block,
+    Try,
+}
+
+impl<K> Serializer<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// A serializer with the default settings (one worker per available core).
+    ///
+    /// # Panics
+    /// If the operating system refuses to start the worker threads (see [`Builder::build`] for
+    /// a `Result` instead).
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<u64> = keyserial::Serializer::new();
+    /// assert!(s.stats().workers >= 1);
+    /// ```
+    pub fn new() -> Self {
+        Builder::new()
+            .build()
+            .expect("keyserial: could not start worker threads")
+    }
+
+    /// A [`Builder`] to configure a serializer.
+    ///
+    /// ```
+    /// let s = keyserial::Serializer::<u64>::builder().workers(2).build().unwrap();
+    /// assert_eq!(s.stats().workers, 2);
+    /// ```
+    pub fn builder() -> Builder<K> {
+        Builder::new()
+    }
+
+    pub(crate) fn start(b: Builder<K>, workers: usize, max_workers: usize) -> std::io::Result<Self> {
+        let parkers: Vec<Parker> = (0..max_workers).map(|_| Parker::new()).collect();
+        let unparkers = parkers.iter().map(|p| p.unparker().clone()).collect();
+        let deques: Vec<Worker<Runnable<K>>> = (0..max_workers).map(|_| Worker::new_fifo()).collect();
+        let config = Config {
+            workers,
+            max_workers,
+            worker_keep_alive: b.worker_keep_alive,
+            key_idle_timeout: b.key_idle_timeout,
+            fairness_budget: b.fairness_budget,
+            thread_name: b.thread_name,
+        };
+        let owned = deques
+            .into_iter()
+            .zip(parkers)
+            .map(|(deque, parker)| Owned { deque, parker })
+            .collect();
+        let shared = Arc::new(Shared::new(config, b.capacity, unparkers, owned));
+        let serializer = Serializer { shared };
+        for i in 0..workers {
+            worker::spawn(&serializer.shared, i)?;
+        }
+        if max_workers > workers {
+            crate::supervisor::spawn(&serializer.shared)?;
+        }
+        Ok(serializer)
+    }
+
+    /// Submits `task` for `key` and returns a handle to its result. Blocks while the serializer
+    /// is at capacity (never when called from inside one of its own tasks).
+    ///
+    /// # Errors
+    /// `Rejected { reason: Shutdown, task }` after [`shutdown`](Self::shutdown).
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<u32> = keyserial::Serializer::new();
+    /// let h = s.submit(7, || 6 * 7).unwrap();
+    /// assert_eq!(h.join().unwrap(), 42);
+    /// ```
+    pub fn submit<F, T>(&self, key: K, task: F) -> Result<TaskHandle<T>, Rejected<F>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        self.submit_joined(Some(key), task, Kind::Plain, Mode::Block, None)
+    }
+
+    /// Like [`submit`](Self::submit) but never blocks: at capacity the task comes back in
+    /// `Rejected { reason: Full, task }`.
+    ///
+    /// ```
+    /// use keyserial::{Builder, RejectReason};
+    /// let s = Builder::<u32>::new().workers(1).capacity(1).build().unwrap();
+    /// let (tx, rx) = std::sync::mpsc::channel::<()>();
+    /// let blocker = s.submit(1, move || { rx.recv().ok(); }).unwrap();
+    /// while s.stats().running == 0 { std::thread::yield_now(); }
+    /// let queued = s.try_submit(1, || ()).unwrap();              // fills the one slot
+    /// let full = s.try_submit(2, || ()).unwrap_err();
+    /// assert_eq!(full.reason, RejectReason::Full);
+    /// tx.send(()).unwrap();
+    /// blocker.join().unwrap();
+    /// queued.join().unwrap();
+    /// ```
+    pub fn try_submit<F, T>(&self, key: K, task: F) -> Result<TaskHandle<T>, Rejected<F>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        self.submit_joined(Some(key), task, Kind::Plain, Mode::Try, None)
+    }
+
+    /// Submits `task` for `key` without a handle (the cheapest submission). Blocks while at
+    /// capacity, like [`submit`](Self::submit). A panic in the task is counted in
+    /// [`Stats::panicked`] and the key goes on.
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<u32> = keyserial::Serializer::new();
+    /// s.execute(1, || println!("hello from key 1")).unwrap();
+    /// ```
+    pub fn execute<F>(&self, key: K, task: F) -> Result<(), Rejected<F>>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        let mut slot = Some(task);
+        self.admit(Some(key), Kind::Plain, Mode::Block, None, |k| {
+            (k, TaskRef::new(Detached(slot.take().expect("built once")), Kind::Plain, None))
+        })
+        .map_err(|reason| Rejected {
+            reason,
+            task: slot.take().expect("rejected before the task was built"),
+        })
+    }
+
+    /// Keep-latest coalescing: if the key's immediately preceding submission is a
+    /// `submit_latest` task that has not started, that task is replaced (its handle resolves
+    /// [`TaskError::Superseded`](crate::TaskError::Superseded)) and this one takes its place.
+    /// The newest always runs.
+    ///
+    /// ```
+    /// use keyserial::{Builder, TaskError};
+    /// let s = Builder::<&str>::new().workers(1).build().unwrap();
+    /// let (tx, rx) = std::sync::mpsc::channel::<()>();
+    /// let gate = s.submit("ui", move || { rx.recv().ok(); }).unwrap();
+    /// let old = s.submit_latest("ui", || "frame 1").unwrap();
+    /// let new = s.submit_latest("ui", || "frame 2").unwrap();
+    /// tx.send(()).unwrap();
+    /// gate.join().unwrap();
+    /// assert!(matches!(old.join(), Err(TaskError::Superseded)));
+    /// assert_eq!(new.join().unwrap(), "frame 2");
+    /// ```
+    pub fn submit_latest<F, T>(&self, key: K, task: F) -> Result<TaskHandle<T>, Rejected<F>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        self.submit_joined(Some(key), task, Kind::Latest, Mode::Block, None)
+    }
+
+    /// Keep-first: if the key already has a `submit_distinct` task queued and not started, this
+    /// one is refused with `Rejected { reason: Duplicate, task }`; once that task starts, a new
+    /// one is accepted.
+    ///
+    /// ```
+    /// use keyserial::{Builder, RejectReason};
+    /// let s = Builder::<&str>::new().workers(1).build().unwrap();
+    /// let (tx, rx) = std::sync::mpsc::channel::<()>();
+    /// let gate = s.submit("index", move || { rx.recv().ok(); }).unwrap();
+    /// let first = s.submit_distinct("index", || "rebuilt").unwrap();
+    /// let dup = s.submit_distinct("index", || "rebuilt again").unwrap_err();
+    /// assert_eq!(dup.reason, RejectReason::Duplicate);
+    /// tx.send(()).unwrap();
+    /// gate.join().unwrap();
+    /// assert_eq!(first.join().unwrap(), "rebuilt");
+    /// ```
+    pub fn submit_distinct<F, T>(&self, key: K, task: F) -> Result<TaskHandle<T>, Rejected<F>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        self.submit_joined(Some(key), task, Kind::Distinct, Mode::Block, None)
+    }
+
+    /// Submits a task that starts only once it holds `n` permits of `sem`, holds them while it
+    /// runs and releases them when it ends (also on panic). No worker blocks while it waits: the
+    /// key's chain is parked until the grant, later tasks of the key wait behind it, and other
+    /// keys keep running.
+    ///
+    /// # Errors
+    /// `TooManyPermits` if `n` exceeds the semaphore's capacity; `Shutdown` after shutdown.
+    ///
+    /// ```
+    /// use keyserial::{Semaphore, Serializer};
+    /// let s: Serializer<u32> = Serializer::new();
+    /// let db = Semaphore::new(2); // at most two connections
+    /// let h = s.submit_with_permits(1, &db, 2, || "query done").unwrap();
+    /// assert_eq!(h.join().unwrap(), "query done");
+    /// assert_eq!(db.available(), 2);
+    /// ```
+    pub fn submit_with_permits<F, T>(
+        &self,
+        key: K,
+        sem: &Semaphore,
+        n: usize,
+        task: F,
+    ) -> Result<TaskHandle<T>, Rejected<F>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        if n > sem.capacity() {
+            self.shared.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(Rejected {
+                reason: RejectReason::TooManyPermits,
+                task,
+            });
+        }
+        self.submit_joined(Some(key), task, Kind::Permits, Mode::Block, Some((sem.clone(), n)))
+    }
+
+    /// Runs an unkeyed task: never serialized with anything. Blocks while at capacity.
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<u32> = keyserial::Serializer::new();
+    /// assert_eq!(s.spawn(|| 1 + 1).unwrap().join().unwrap(), 2);
+    /// ```
+    pub fn spawn<F, T>(&self, task: F) -> Result<TaskHandle<T>, Rejected<F>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        self.submit_joined(None, task, Kind::Plain, Mode::Block, None)
+    }
+
+    fn submit_joined<F, T>(
+        &self,
+        key: Option<K>,
+        task: F,
+        kind: Kind,
+        mode: Mode,
+        permits: Option<(Semaphore, usize)>,
+    ) -> Result<TaskHandle<T>, Rejected<F>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let mut slot = Some(task);
+        let mut handle = None;
+        let mut permits = permits;
+        self.admit(key, kind, mode, permits.as_ref().map(|p| p.1), |k| {
+            let state = JoinState::new();
+            handle = Some(TaskHandle::new(state.clone()));
+            let job = Joined {
+                f: slot.take().expect("built once"),
+                state,
+            };
+            (k, TaskRef::new(job, kind, permits.take()))
+        })
+        .map(|()| handle.take().expect("handle made with the task"))
+        .map_err(|reason| Rejected {
+            reason,
+            task: slot.take().expect("rejected before the task was built"),
+        })
+    }
+
+    /// The one admission path: capacity, gate, distinct check, then the push. `build` makes the
+    /// task node; it runs only once the task is sure to be accepted, so a refusal hands back the
+    /// untouched closure.
+    fn admit(
+        &self,
+        key: Option<K>,
+        kind: Kind,
+        mode: Mode,
+        _permits: Option<usize>,
+        build: impl FnOnce(Option<K>) -> (Option<K>, TaskRef),
+    ) -> Result<(), RejectReason> {
+        let sh = &*self.shared;
+        let on_worker = worker::current_worker::<K>(sh.id);
+        let refuse = |reason| {
+            sh.rejected.fetch_add(1, Ordering::Relaxed);
+            Err(reason)
+        };
+        if sh.shutdown.load(Ordering::Acquire) {
+            return refuse(RejectReason::Shutdown);
+        }
+        if let Some(cap) = &sh.capacity {
+            let ok = if on_worker.is_some() {
+                cap.force_reserve();
+                true
+            } else if mode == Mode::Try {
+                cap.try_reserve()
+            } else {
+                cap.reserve(|| sh.gate.is_closed() || sh.shutdown.load(Ordering::Acquire))
+            };
+            if !ok {
+                return refuse(if sh.shutdown.load(Ordering::Acquire) {
+                    RejectReason::Shutdown
+                } else {
+                    RejectReason::Full
+                });
+            }
+        }
+        let release_cap = || {
+            if let Some(cap) = &sh.capacity {
+                cap.release();
+            }
+        };
+        let Some(ticket) = sh.gate.enter() else {
+            release_cap();
+            return refuse(RejectReason::Shutdown);
+        };
+        let local = on_worker.map(|(_, d)| d);
+        let Some(key) = key else {
+            let (_, task) = build(None);
+            let slot = crate::gate_slot_hint() % sh.config.workers;
+            sh.schedule(Runnable::Task(task), slot, local);
+            ticket.admit();
+            return Ok(());
+        };
+        let guard = crossbeam_epoch::pin();
+        let mut entry = self.entry_for(&key, &guard);
+        if kind == Kind::Distinct
+            && entry
+                .value()
+                .distinct
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            drop(ticket);
+            release_cap();
+            return refuse(RejectReason::Duplicate);
+        }
+        let (_, task) = build(None);
+        let mut node = task.into_raw();
+        loop {
+            match entry.value().chain.push(node) {
+                Ok(Pushed::Activated) => {
+                    let slot = self.slot_for(entry);
+                    sh.schedule(Runnable::Chain(NonNull::from(entry)), slot, local);
+                    break;
+                }
+                Ok(Pushed::Queued) => break,
+                Err(Retired(back)) => {
+                    // The key was released under us: take (or make) its fresh chain and retry.
+                    node = back;
+                    entry = self.entry_for(&key, &guard);
+                    if kind == Kind::Distinct {
+                        entry.value().distinct.store(true, Ordering::Release);
+                    }
+                }
+            }
+        }
+        ticket.admit();
+        Ok(())
+    }
+
+    fn entry_for<'g>(&'g self, key: &K, guard: &'g crossbeam_epoch::Guard) -> &'g KeyEntry<K> {
+        let table = &self.shared.table;
+        if let Some(e) = table.get(key, guard) {
+            if !e.value().chain.is_retired() {
+                return e;
+            }
+        }
+        table.get_or_insert_with(key.clone(), || KeyState::new(usize::MAX), guard)
+    }
+
+    fn slot_for(&self, entry: &KeyEntry<K>) -> usize {
+        let w = entry.value().last_worker.load(Ordering::Relaxed);
+        if w == usize::MAX {
+            (entry.hash() >> 32) as usize % self.shared.config.workers
+        } else {
+            w
+        }
+    }
+
+    /// Stops accepting tasks; queued tasks still run. Idempotent; returns at once (see
+    /// [`await_termination`](Self::await_termination)).
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
+    /// s.execute(1, || ()).unwrap();
+    /// s.shutdown();
+    /// assert!(s.is_shutdown());
+    /// assert!(s.execute(1, || ()).is_err());
+    /// ```
+    pub fn shutdown(&self) {
+        let sh = &*self.shared;
+        sh.shutdown.store(true, Ordering::Release);
+        sh.gate.close();
+        if let Some(c) = &sh.capacity {
+            c.wake_all();
+        }
+        sh.sleep.wake_all();
+        if sh.live_workers.load(Ordering::Acquire) == 0 {
+            sh.set_terminated();
+        }
+    }
+
+    /// Stops at once: no new tasks, no more queued tasks run; every task that was queued and
+    /// not started is handed back (with its key) instead. Tasks already running finish
+    /// undisturbed, but the tasks queued behind them are handed back too. Dropping a returned
+    /// [`PendingTask`] resolves its handle as [`Cancelled`](crate::TaskError::Cancelled).
+    ///
+    /// ```
+    /// use keyserial::Builder;
+    /// let s = Builder::<u32>::new().workers(1).build().unwrap();
+    /// let (tx, rx) = std::sync::mpsc::channel::<()>();
+    /// s.execute(0, move || { rx.recv().ok(); }).unwrap();
+    /// while s.stats().running == 0 { std::thread::yield_now(); }
+    /// for k in 0..3 { s.execute(k, || ()).unwrap(); }
+    /// let pending = s.shutdown_now();
+    /// assert_eq!(pending.len(), 3);
+    /// tx.send(()).unwrap();
+    /// ```
+    pub fn shutdown_now(&self) -> Vec<PendingTask<K>> {
+        let sh = &*self.shared;
+        sh.stop.store(true, Ordering::Release);
+        self.shutdown();
+        sh.gate.wait_idle();
+        let mut out: Vec<PendingTask<K>> = Vec::new();
+        // 1. Workers: stop each one; steal the chains of those inside a task.
+        for slot in sh.slots.iter() {
+            let mut p = slot.phase.fetch_or(phase::STOP, Ordering::AcqRel) | phase::STOP;
+            let backoff = crossbeam_utils::Backoff::new();
+            loop {
+                match p & phase::MASK {
+                    phase::RUNNING if p & phase::STOLEN == 0 => {
+                        match slot.phase.compare_exchange(
+                            p,
+                            p | phase::STOLEN,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        ) {
+                            Ok(_) => {
+                                let e = slot.current.load(Ordering::Relaxed);
+                                if let Some(e) = NonNull::new(e as *mut KeyEntry<K>) {
+                                    self.drain_into(e, &mut out);
+                                }
+                                break;
+                            }
+                            Err(actual) => p = actual,
+                        }
+                    }
+                    phase::BUSY => {
+                        crate::sync::snooze(&backoff);
+                        p = slot.phase.load(Ordering::Acquire);
+                    }
+                    _ => break,
+                }
+            }
+        }
+        // 2. Chains parked on permits.
+        for e in crate::permits::steal_all(sh) {
+            self.drain_into(e, &mut out);
+        }
+        // 3. Every queue.
+        for slot in sh.slots.iter() {
+            loop {
+                let r = match slot.injector.steal() {
+                    crossbeam_deque::Steal::Success(r) => r,
+                    crossbeam_deque::Steal::Retry => continue,
+                    crossbeam_deque::Steal::Empty => match slot.stealer.steal() {
+                        crossbeam_deque::Steal::Success(r) => r,
+                        crossbeam_deque::Steal::Retry => continue,
+                        crossbeam_deque::Steal::Empty => break,
+                    },
+                };
+                match r {
+                    Runnable::Chain(e) => self.drain_into(e, &mut out),
+                    Runnable::Task(t) => out.push(PendingTask::new(None, t)),
+                }
+            }
+        }
+        // 4. What workers handed back themselves.
+        out.append(&mut lock(&sh.handback));
+        sh.handed_back
+            .fetch_add(out.len() as u64, Ordering::AcqRel);
+        if let Some(c) = &sh.capacity {
+            for _ in 0..out.len() {
+                c.release();
+            }
+        }
+        sh.sleep.wake_all();
+        out
+    }
+
+    fn drain_into(&self, e: NonNull<KeyEntry<K>>, out: &mut Vec<PendingTask<K>>) {
+        // SAFETY: the caller took the chain's baton (stolen from a worker, a permit wait or a
+        // ready queue), so the entry is alive and the chain is ours.
+        let entry = unsafe { e.as_ref() };
+        let mut tasks = Vec::new();
+        // SAFETY: as above.
+        unsafe { drain_chain(entry, &mut tasks) };
+        for t in tasks {
+            out.push(PendingTask::new(Some(entry.key().clone()), t));
+        }
+    }
+
+    /// Waits until the serializer has terminated (shut down and every worker exited) or
+    /// `timeout` passes; returns whether it terminated.
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
+    /// s.execute(1, || ()).unwrap();
+    /// s.shutdown();
+    /// assert!(s.await_termination(std::time::Duration::from_secs(10)));
+    /// assert!(s.is_terminated());
+    /// ```
+    pub fn await_termination(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut t = lock(&self.shared.terminated);
+        while !*t {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            t = self
+                .shared
+                .terminated_cond
+                .wait_timeout(t, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+        true
+    }
+
+    /// `true` once [`shutdown`](Self::shutdown) or [`shutdown_now`](Self::shutdown_now) was called.
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
+    /// assert!(!s.is_shutdown());
+    /// ```
+    pub fn is_shutdown(&self) -> bool {
+        self.shared.shutdown.load(Ordering::Acquire)
+    }
+
+    /// `true` once shut down and every worker has exited.
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
+    /// assert!(!s.is_terminated());
+    /// ```
+    pub fn is_terminated(&self) -> bool {
+        *lock(&self.shared.terminated)
+    }
+
+    /// A snapshot of the counters (cheap: a few relaxed loads per worker slot).
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
+    /// s.submit(1, || ()).unwrap().join().unwrap();
+    /// let st = s.stats();
+    /// assert_eq!(st.completed, 1);
+    /// assert_eq!(st.panicked, 0);
+    /// ```
+    pub fn stats(&self) -> Stats {
+        let sh = &*self.shared;
+        let (mut started, mut completed, mut panicked, mut dropped) = (0u64, 0u64, 0u64, 0u64);
+        for s in sh.slots.iter() {
+            started += s.counters.started.load(Ordering::Acquire);
+            completed += s.counters.completed.load(Ordering::Acquire);
+            panicked += s.counters.panicked.load(Ordering::Acquire);
+            dropped += s.counters.dropped.load(Ordering::Acquire);
+        }
+        dropped += sh.dropped_outside.load(Ordering::Acquire);
+        let admitted = sh.gate.admitted();
+        let handed = sh.handed_back.load(Ordering::Acquire);
+        Stats {
+            workers: sh.live_workers.load(Ordering::Acquire),
+            active_keys: sh.table.len(),
+            queued: admitted.saturating_sub(started + dropped + handed) as usize,
+            running: started.saturating_sub(completed) as usize,
+            completed,
+            panicked,
+            rejected: sh.rejected.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl<K> Drop for Serializer<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        self.shutdown();
+        if worker::on_worker_of(self.shared.id) {
+            return; // dropped inside one of our own tasks: the workers finish on their own
+        }
+        loop {
+            let handles: Vec<_> = lock(&self.shared.threads).drain(..).collect();
+            if handles.is_empty() {
+                break;
+            }
+            for h in handles {
+                let _ = h.join();
+            }
+        }
+        crate::supervisor::stop(&self.shared);
+    }
+}
+
+/// A task handed back by [`Serializer::shutdown_now`]: never started. Run it yourself with
+/// [`run`](Self::run), or drop it (its handle, if any, resolves `Cancelled`).
+///
+/// ```
+/// use keyserial::Builder;
+/// let s = Builder::<&str>::new().workers(1).build().unwrap();
+/// let (tx, rx) = std::sync::mpsc::channel::<()>();
+/// s.execute("a", move || { rx.recv().ok(); }).unwrap();
+/// while s.stats().running == 0 { std::thread::yield_now(); }
+/// let h = s.submit("b", || 5).unwrap();
+/// let pending = s.shutdown_now();
+/// tx.send(()).unwrap();
+/// assert_eq!(pending.len(), 1);
+/// assert_eq!(pending[0].key(), Some(&"b"));
+/// for p in pending { p.run(); }
+/// assert_eq!(h.join().unwrap(), 5);
+/// ```
+pub struct PendingTask<K> {
+    key: Option<K>,
+    task: TaskRef,
+}
+
+impl<K> PendingTask<K> {
+    pub(crate) fn new(key: Option<K>, task: TaskRef) -> Self {
+        PendingTask { key, task }
+    }
+
+    /// The task's key; `None` for an unkeyed [`spawn`](Serializer::spawn) task.
+    ///
+    /// ```
+    /// # use keyserial::Builder;
+    /// # let s = Builder::<u8>::new().workers(1).build().unwrap();
+    /// # let (tx, rx) = std::sync::mpsc::channel::<()>();
+    /// # s.execute(0, move || { rx.recv().ok(); }).unwrap();
+    /// # while s.stats().running == 0 { std::thread::yield_now(); }
+    /// let _ = s.spawn(|| ()).unwrap();
+    /// let pending = s.shutdown_now();
+    /// assert_eq!(pending[0].key(), None);
+    /// # tx.send(()).unwrap();
+    /// ```
+    pub fn key(&self) -> Option<&K> {
+        self.key.as_ref()
+    }
+
+    /// Runs the task on the calling thread (a panic is caught and goes to its handle).
+    ///
+    /// ```
+    /// # use keyserial::Builder;
+    /// # let s = Builder::<u8>::new().workers(1).build().unwrap();
+    /// # let (tx, rx) = std::sync::mpsc::channel::<()>();
+    /// # s.execute(0, move || { rx.recv().ok(); }).unwrap();
+    /// # while s.stats().running == 0 { std::thread::yield_now(); }
+    /// let h = s.submit(1, || "ran later").unwrap();
+    /// for p in s.shutdown_now() { p.run(); }
+    /// assert_eq!(h.join().unwrap(), "ran later");
+    /// # tx.send(()).unwrap();
+    /// ```
+    pub fn run(self) {
+        self.task.run(None);
+    }
+}
+
+impl<K: fmt::Debug> fmt::Debug for PendingTask<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PendingTask")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+#[allow(dead_code)]
+fn assert_send_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Serializer<String>>();
+    fn send<T: Send>() {}
+    send::<PendingTask<String>>();
+    send::<TaskHandle<String>>();
+    let _ = |j: Detached<fn()>| j.run();
+}

@@ -1,0 +1,29 @@
+//! Counters of a serializer.
+
+/// A snapshot of a [`Serializer`](crate::Serializer)'s counters, from
+/// [`Serializer::stats`](crate::Serializer::stats). Under concurrency the fields are read one
+/// after another, so they are each exact but not one consistent instant.
+///
+/// ```
+/// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
+/// s.submit(1, || ()).unwrap().join().unwrap();
+/// let st = s.stats();
+/// assert_eq!((st.completed, st.queued, st.running), (1, 0, 0));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Live worker threads (core plus elastic).
+    pub workers: usize,
+    /// Keys that currently hold state (a chain), including idle keys not yet released.
+    pub active_keys: usize,
+    /// Tasks admitted and not yet started.
+    pub queued: usize,
+    /// Tasks running now.
+    pub running: usize,
+    /// Tasks that finished running (panicked ones included).
+    pub completed: u64,
+    /// Tasks that panicked.
+    pub panicked: u64,
+    /// Submissions refused (shutdown, full, duplicate, too many permits).
+    pub rejected: u64,
+}

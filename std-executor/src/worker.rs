@@ -1,0 +1,567 @@
+//! Worker threads: find a runnable, drain a key's chain under the fairness budget, release or
+//! requeue it, retire idle keys, sleep without losing wakeups, and stop cleanly.
+//!
+//! # Finding work
+//!
+//! Each worker slot has a local FIFO deque (chains made runnable from inside a task on this worker,
+//! where the key's data is hot) and an injector (chains made runnable by outside submitters whose
+//! key last ran here: key affinity at no cost). A worker looks in its deque, then its injector,
+//! then steals batches from the other slots' injectors and deques. A chain moves whole, with its
+//! `ACTIVE` baton, so stealing never reorders a key. Every 61st look starts at the injector so a
+//! busy deque cannot starve it.
+//!
+//! # Draining and fairness
+//!
+//! The worker owns the chain it popped. It runs at most `fairness_budget` tasks, then, if the chain
+//! still has work, pushes it to the back of its injector (behind keys that arrived meanwhile) and
+//! notifies; otherwise it releases the chain (`CAS(ACTIVE -> 0)`, which fails if a push came in:
+//! then it keeps draining). After a release, the key's idle bookkeeping runs (`idle.rs`) under an
+//! epoch guard taken *before* the release, since the entry may be retired by others from then on.
+//!
+//! # Phases (for `shutdown_now`)
+//!
+//! Each slot has a phase word changed only by RMWs: `IDLE` (holds no chain), `BUSY` (searching, or
+//! holding a chain between tasks), `RUNNING` (inside a user task; the chain's private queue is
+//! untouched and may be taken), plus the flags `STOP` (set by `shutdown_now`) and `STOLEN`.
+//!
+//! | transition | by | if `STOP` is set |
+//! |---|---|---|
+//! | `IDLE -> BUSY` (CAS) | worker, before searching | fails: the worker exits |
+//! | `BUSY -> RUNNING` (CAS) | worker, before a task | fails: the worker hands back that task and its chain, goes `IDLE` |
+//! | `RUNNING -> BUSY` (CAS loop, keeps flags) | worker, after a task | `STOLEN`: the chain is gone, do not touch it; `STOP` only: hand back the chain |
+//! | `RUNNING -> RUNNING|STOLEN` (CAS) | `shutdown_now` | — it now owns the chain and drains it |
+//! | `BUSY -> IDLE` (RMW keeps flags) | worker, nothing found | — |
+//!
+//! `shutdown_now` sets `STOP` with `fetch_or` on every slot, waits for every `BUSY` to end (no user
+//! code runs in `BUSY` beyond dropping closures and waking wakers), steals the chains of `RUNNING`
+//! workers, then drains every queue. A worker either finishes its hand-off before going `IDLE`, or
+//! had its chain stolen while `RUNNING`: each queued task ends up in exactly one place.
+
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_deque::{Steal, Worker};
+use crossbeam_utils::Backoff;
+
+use crate::shared::{phase, Counters, IdleItem, KeyEntry, Runnable, Shared, Slot};
+use crate::sync::{lock, Ordering, Parker};
+use crate::task::{Abandon, Kind, TaskRef};
+use crate::PendingTask;
+
+/// How many rounds an idle worker spins (re-searching) before it parks.
+const SPIN_ROUNDS: u32 = 16;
+
+thread_local! {
+    /// The serializer and slot of the worker running on this thread, and its local deque.
+    static CURRENT: Cell<(usize, usize, *const ())> = const { Cell::new((0, 0, std::ptr::null())) };
+}
+
+/// If this thread is one of serializer `id`'s workers: its slot and local deque.
+pub(crate) fn current_worker<K>(id: usize) -> Option<(usize, &'static Worker<Runnable<K>>)> {
+    let (sid, slot, deque) = CURRENT.with(Cell::get);
+    if sid == id && !deque.is_null() {
+        // SAFETY: CURRENT holds the deque of a `Worker` loop running further up this thread's
+        // stack for serializer `id`, whose runnables are `Runnable<K>` (one serializer, one K);
+        // it is cleared before that loop returns, and the reference is used only within the
+        // current call (never stored).
+        Some((slot, unsafe { &*(deque as *const Worker<Runnable<K>>) }))
+    } else {
+        None
+    }
+}
+
+/// `true` if this thread is a worker of serializer `id`.
+pub(crate) fn on_worker_of(id: usize) -> bool {
+    CURRENT.with(Cell::get).0 == id
+}
+
+pub(crate) struct Owned<K> {
+    pub(crate) deque: Worker<Runnable<K>>,
+    pub(crate) parker: Parker,
+}
+
+/// Starts the worker thread of `index`. The slot's deque and parker must be free.
+pub(crate) fn spawn<K>(shared: &Arc<Shared<K>>, index: usize) -> std::io::Result<()>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    let owned = lock(&shared.slots[index].local)
+        .take()
+        .expect("a free slot has its deque");
+    shared.slots[index].alive.store(true, Ordering::Release);
+    shared.live_workers.fetch_add(1, Ordering::AcqRel);
+    shared.sleep.start_searching();
+    let s = shared.clone();
+    let name = format!("{}-{}", shared.config.thread_name, index);
+    let result = std::thread::Builder::new()
+        .name(name)
+        .spawn(move || WorkerLoop::new(&s, index, owned).run());
+    match result {
+        Ok(handle) => {
+            let mut threads = lock(&shared.threads);
+            threads.retain(|h| !h.is_finished());
+            threads.push(handle);
+            Ok(())
+        }
+        Err(e) => {
+            shared.sleep.stop_searching();
+            shared.slots[index].alive.store(false, Ordering::Release);
+            shared.live_workers.fetch_sub(1, Ordering::AcqRel);
+            Err(e)
+        }
+    }
+}
+
+struct WorkerLoop<'a, K> {
+    shared: &'a Arc<Shared<K>>,
+    slot: &'a Slot<K>,
+    index: usize,
+    owned: Option<Owned<K>>,
+    idle: VecDeque<IdleItem<K>>,
+    searching: bool,
+    tick: u32,
+    now: u64,
+}
+
+enum After {
+    Continue,
+    Exit,
+}
+
+impl<'a, K> WorkerLoop<'a, K>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn new(shared: &'a Arc<Shared<K>>, index: usize, owned: Owned<K>) -> Self {
+        WorkerLoop {
+            shared,
+            slot: &shared.slots[index],
+            index,
+            owned: Some(owned),
+            idle: VecDeque::new(),
+            searching: true,
+            tick: 0,
+            now: shared.now_ms(),
+        }
+    }
+
+    fn deque(&self) -> &Worker<Runnable<K>> {
+        &self.owned.as_ref().expect("deque present while running").deque
+    }
+
+    fn run(mut self) {
+        let deque_ptr = self.deque() as *const Worker<Runnable<K>> as *const ();
+        CURRENT.with(|c| c.set((self.shared.id, self.index, deque_ptr)));
+        self.main_loop();
+        CURRENT.with(|c| c.set((0, 0, std::ptr::null())));
+        self.exit();
+    }
+
+    fn main_loop(&mut self) {
+        let mut spins = 0;
+        let mut idle_since = self.shared.now_ms();
+        loop {
+            if !self.enter_busy() {
+                return;
+            }
+            if let Some(r) = self.find_work() {
+                spins = 0;
+                if let After::Exit = self.found(r) {
+                    return;
+                }
+                idle_since = self.now;
+                continue;
+            }
+            if self.leave_busy() {
+                return;
+            }
+            if !self.searching {
+                self.shared.sleep.start_searching();
+                self.searching = true;
+                continue;
+            }
+            if spins < SPIN_ROUNDS {
+                spins += 1;
+                if spins > 6 {
+                    std::thread::yield_now();
+                } else {
+                    for _ in 0..(1 << spins) {
+                        std::hint::spin_loop();
+                    }
+                }
+                continue;
+            }
+            spins = 0;
+            self.now = self.shared.now_ms();
+            self.reap_idle(false);
+            // The snapshot comes before the last checks (shutdown and every queue): whatever
+            // changes after it bumps EVENTS, and then try_sleep refuses (sleep.rs).
+            let snapshot = self.shared.sleep.snapshot();
+            if self.should_exit_on_shutdown() {
+                return;
+            }
+            if !self.enter_busy() {
+                return;
+            }
+            if let Some(r) = self.find_work() {
+                if let After::Exit = self.found(r) {
+                    return;
+                }
+                idle_since = self.now;
+                continue;
+            }
+            if self.leave_busy() {
+                return;
+            }
+            if !self.shared.sleep.try_sleep(self.index, snapshot) {
+                continue;
+            }
+            self.searching = false;
+            let timeout = self.park_timeout(idle_since);
+            self.owned.as_ref().expect("parker").parker.park_timeout(timeout);
+            self.shared.sleep.woke(self.index);
+            self.searching = true;
+            self.now = self.shared.now_ms();
+            self.reap_idle(false);
+            if self.index >= self.shared.config.workers {
+                let keep = self.shared.config.worker_keep_alive.as_millis() as u64;
+                if self.now.saturating_sub(idle_since) >= keep
+                    && self.idle.is_empty()
+                    && !self.shared.has_visible_work()
+                {
+                    return; // an elastic worker idle past its keep-alive
+                }
+            }
+        }
+    }
+
+    fn park_timeout(&self, idle_since: u64) -> Duration {
+        let mut ms: u64 = 1000;
+        if let Some(front) = self.idle.front() {
+            ms = ms.min(front.deadline.saturating_sub(self.now).max(1));
+        }
+        if self.index >= self.shared.config.workers {
+            let keep = self.shared.config.worker_keep_alive.as_millis() as u64;
+            ms = ms.min((idle_since + keep).saturating_sub(self.now).max(1));
+        }
+        if self.shared.shutdown.load(Ordering::Acquire) {
+            ms = ms.min(10);
+        }
+        Duration::from_millis(ms)
+    }
+
+    fn should_exit_on_shutdown(&self) -> bool {
+        let sh = self.shared;
+        if sh.stop.load(Ordering::Acquire) {
+            return true;
+        }
+        if sh.shutdown.load(Ordering::Acquire)
+            && sh.gate.in_flight() == 0
+            && sh.outstanding() == 0
+            && !sh.has_visible_work()
+        {
+            sh.sleep.wake_all();
+            return true;
+        }
+        false
+    }
+
+    /// `IDLE -> BUSY`; `false` if `shutdown_now` stopped this worker.
+    fn enter_busy(&self) -> bool {
+        self.slot
+            .phase
+            .compare_exchange(phase::IDLE, phase::BUSY, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// `BUSY -> IDLE`, keeping flags; `true` if `STOP` is set.
+    fn leave_busy(&self) -> bool {
+        let prev = self.slot.phase.fetch_and(!phase::MASK, Ordering::AcqRel);
+        prev & phase::STOP != 0
+    }
+
+    fn found(&mut self, r: Runnable<K>) -> After {
+        if self.searching {
+            self.searching = false;
+            if self.shared.sleep.stop_searching() && self.shared.has_visible_work() {
+                // The last searcher found work and more is waiting: get another worker looking.
+                self.shared.sleep.wake_one();
+            }
+        }
+        let after = match r {
+            Runnable::Chain(entry) => self.run_chain(entry),
+            Runnable::Task(task) => self.run_unkeyed(task),
+        };
+        self.tick = self.tick.wrapping_add(1);
+        if self.tick % 64 == 0 {
+            self.now = self.shared.now_ms();
+            self.reap_idle(false);
+        }
+        match after {
+            After::Continue => {
+                if self.leave_busy() {
+                    return After::Exit;
+                }
+                After::Continue
+            }
+            After::Exit => {
+                self.leave_busy();
+                After::Exit
+            }
+        }
+    }
+
+    fn find_work(&mut self) -> Option<Runnable<K>> {
+        let deque = &self.owned.as_ref()?.deque;
+        self.tick = self.tick.wrapping_add(1);
+        if self.tick % 61 == 0 {
+            if let Some(r) = steal_into(|| self.slot.injector.steal_batch_and_pop(deque)) {
+                return Some(r);
+            }
+        }
+        if let Some(r) = deque.pop() {
+            return Some(r);
+        }
+        let n = self.shared.slots.len();
+        for k in 0..n {
+            let other = &self.shared.slots[(self.index + k) % n];
+            if let Some(r) = steal_into(|| other.injector.steal_batch_and_pop(deque)) {
+                return Some(r);
+            }
+            if k != 0 {
+                if let Some(r) = steal_into(|| other.stealer.steal_batch_and_pop(deque)) {
+                    return Some(r);
+                }
+            }
+        }
+        None
+    }
+
+    fn bump(&self, f: impl Fn(&Counters) -> &crate::sync::AtomicU64) {
+        Counters::bump(f(&self.slot.counters));
+    }
+
+    fn release_capacity(&self) {
+        if let Some(c) = &self.shared.capacity {
+            c.release();
+        }
+    }
+
+    fn run_unkeyed(&mut self, task: TaskRef) -> After {
+        self.slot.current.store(0, Ordering::Relaxed);
+        if self
+            .slot
+            .phase
+            .compare_exchange(phase::BUSY, phase::RUNNING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            self.hand_back(None, vec![task]);
+            return After::Exit;
+        }
+        self.release_capacity();
+        self.bump(|c| &c.started);
+        let panicked = task.run(None);
+        self.finish_task(panicked);
+        match self.leave_running() {
+            Some(_) => After::Exit,
+            None => After::Continue,
+        }
+    }
+
+    fn finish_task(&self, panicked: bool) {
+        if panicked {
+            self.bump(|c| &c.panicked);
+        }
+        self.bump(|c| &c.completed);
+    }
+
+    /// `RUNNING -> BUSY`, keeping flags. `None` to go on; `Some(stolen)` if `STOP` is set.
+    fn leave_running(&self) -> Option<bool> {
+        let mut cur = self.slot.phase.load(Ordering::Acquire);
+        loop {
+            let new = (cur & !phase::MASK) | phase::BUSY;
+            match self
+                .slot
+                .phase
+                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(prev) => {
+                    if prev & phase::STOP != 0 {
+                        return Some(prev & phase::STOLEN != 0);
+                    }
+                    return None;
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    fn run_chain(&mut self, entry_ptr: NonNull<KeyEntry<K>>) -> After {
+        // SAFETY: we hold the chain's ACTIVE baton, so the entry is not retired and stays
+        // allocated until we release it.
+        let entry = unsafe { entry_ptr.as_ref() };
+        let ks = entry.value();
+        let chain = &ks.chain;
+        if ks.last_worker.load(Ordering::Relaxed) != self.index {
+            ks.last_worker.store(self.index, Ordering::Relaxed);
+        }
+        let budget = self.shared.config.fairness_budget;
+        let mut ran = 0;
+        loop {
+            if ran >= budget {
+                let guard = crossbeam_epoch::pin();
+                // SAFETY: we own the chain.
+                if unsafe { chain.try_release() } {
+                    self.released(entry_ptr, &guard);
+                } else {
+                    // Yield: to the back of our injector, behind keys that arrived meanwhile.
+                    self.slot.injector.push(Runnable::Chain(entry_ptr));
+                    self.shared.notify();
+                }
+                return After::Continue;
+            }
+            // SAFETY: we own the chain; `kind_of` reads queued nodes of a chain we own.
+            let popped = unsafe {
+                chain.pop_coalescing(|n| TaskRef::kind_of(n) == Kind::Latest)
+            };
+            let Some(p) = popped else {
+                let guard = crossbeam_epoch::pin();
+                // SAFETY: we own the chain.
+                if unsafe { chain.try_release() } {
+                    self.released(entry_ptr, &guard);
+                    return After::Continue;
+                }
+                continue;
+            };
+            // SAFETY: popping made us the node's unique owner.
+            let mut task = unsafe { TaskRef::from_raw(p.node) };
+            if p.superseded {
+                task.abandon(Abandon::Superseded);
+                self.bump(|c| &c.dropped);
+                self.release_capacity();
+                continue;
+            }
+            let mut permit = None;
+            match task.kind() {
+                Kind::Distinct => ks.distinct.store(false, Ordering::Release),
+                Kind::Permits => match crate::permits::acquire_or_park(self.shared, entry_ptr, task) {
+                    crate::permits::Gate::Run(t, p) => {
+                        task = t;
+                        permit = p;
+                    }
+                    crate::permits::Gate::Parked => return After::Continue,
+                    crate::permits::Gate::Dropped => {
+                        self.bump(|c| &c.dropped);
+                        self.release_capacity();
+                        continue;
+                    }
+                },
+                _ => {}
+            }
+            self.slot
+                .current
+                .store(entry_ptr.as_ptr() as usize, Ordering::Relaxed);
+            if self
+                .slot
+                .phase
+                .compare_exchange(phase::BUSY, phase::RUNNING, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                drop(permit);
+                let mut tasks = vec![task];
+                // SAFETY: we still own the chain.
+                unsafe { drain_chain(entry, &mut tasks) };
+                self.hand_back(Some(entry), tasks);
+                return After::Exit;
+            }
+            self.release_capacity();
+            self.bump(|c| &c.started);
+            let panicked = task.run(permit);
+            self.finish_task(panicked);
+            ran += 1;
+            match self.leave_running() {
+                None => {}
+                Some(true) => return After::Exit, // stolen: the chain is not ours any more
+                Some(false) => {
+                    let mut tasks = Vec::new();
+                    // SAFETY: STOP without STOLEN: we still own the chain.
+                    unsafe { drain_chain(entry, &mut tasks) };
+                    self.hand_back(Some(entry), tasks);
+                    return After::Exit;
+                }
+            }
+        }
+    }
+
+    /// Hands tasks back for `shutdown_now`.
+    fn hand_back(&self, entry: Option<&KeyEntry<K>>, tasks: Vec<TaskRef>) {
+        let key = entry.map(|e| e.key().clone());
+        let mut hb = lock(&self.shared.handback);
+        for t in tasks {
+            hb.push(PendingTask::new(key.clone(), t));
+        }
+    }
+
+    /// The chain was released: idle bookkeeping. `guard` was pinned before the release.
+    fn released(&mut self, entry_ptr: NonNull<KeyEntry<K>>, guard: &crossbeam_epoch::Guard) {
+        crate::idle::released(self.shared, entry_ptr, guard, &mut self.idle, &mut self.now);
+    }
+
+    fn reap_idle(&mut self, all: bool) {
+        if self.index == 0 {
+            let mut orphans = lock(&self.shared.orphans);
+            self.idle.extend(orphans.drain(..));
+        }
+        if !self.idle.is_empty() {
+            crate::idle::reap(self.shared, &mut self.idle, self.now, all);
+        }
+    }
+
+    fn exit(mut self) {
+        if self.searching {
+            self.shared.sleep.stop_searching();
+            self.searching = false;
+        }
+        if !self.idle.is_empty() {
+            if self.index == 0 {
+                // Worker 0 exits only at shutdown: idle keys are freed with the table.
+                self.idle.clear();
+            } else {
+                lock(&self.shared.orphans).extend(self.idle.drain(..));
+            }
+        }
+        // Elastic slots are reused: give the deque and parker back.
+        *lock(&self.slot.local) = self.owned.take();
+        self.slot.alive.store(false, Ordering::Release);
+        if self.shared.has_visible_work() && !self.shared.stop.load(Ordering::Acquire) {
+            self.shared.sleep.wake_one();
+        }
+        self.shared.worker_exited();
+    }
+}
+
+fn steal_into<T>(mut f: impl FnMut() -> Steal<T>) -> Option<T> {
+    let backoff = Backoff::new();
+    loop {
+        match f() {
+            Steal::Success(r) => return Some(r),
+            Steal::Empty => return None,
+            Steal::Retry => backoff.spin(),
+        }
+    }
+}
+
+/// Pops every queued task of a chain we own.
+///
+/// # Safety
+/// The caller owns the entry's chain.
+pub(crate) unsafe fn drain_chain<K>(entry: &KeyEntry<K>, out: &mut Vec<TaskRef>) {
+    // SAFETY: per the contract; popped nodes are ours.
+    while let Some(n) = unsafe { entry.value().chain.pop() } {
+        // SAFETY: popping made us the node's owner.
+        out.push(unsafe { TaskRef::from_raw(n) });
+    }
+}
