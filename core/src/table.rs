@@ -542,8 +542,43 @@ where
         make: impl FnOnce() -> V,
         guard: &'g Guard,
     ) -> &'g Entry<K, V> {
+        self.insert_impl(Owned(key), make, guard)
+    }
+
+    /// Like [`get_or_insert_with`](Self::get_or_insert_with), but borrows the key and clones it
+    /// only if a new entry is inserted: one walk of the trie whether the key is present or not.
+    ///
+    /// ```
+    /// # use keyserial_core::table::Table;
+    /// # use keyserial_core::chain::{BoxNode, Chain};
+    /// # use std::collections::hash_map::RandomState;
+    /// let table: Table<String, Chain<BoxNode<u8>>, RandomState> = Table::with_hasher(RandomState::new());
+    /// let guard = table.register().pin();
+    /// let key = "alice".to_string();
+    /// let a = table.get_or_insert_cloned(&key, Chain::new, &guard);
+    /// let b = table.get_or_insert_cloned(&key, Chain::new, &guard); // found: no clone
+    /// assert!(core::ptr::eq(a, b));
+    /// ```
+    pub fn get_or_insert_cloned<'g>(
+        &'g self,
+        key: &K,
+        make: impl FnOnce() -> V,
+        guard: &'g Guard,
+    ) -> &'g Entry<K, V>
+    where
+        K: Clone,
+    {
+        self.insert_impl(Cloned(key), make, guard)
+    }
+
+    fn insert_impl<'g, A: KeyArg<K>>(
+        &'g self,
+        key: A,
+        make: impl FnOnce() -> V,
+        guard: &'g Guard,
+    ) -> &'g Entry<K, V> {
         self.check_guard(guard);
-        let hash = self.hasher.hash_one(&key);
+        let hash = self.hasher.hash_one(key.as_key());
         let mut fresh = Fresh::new(hash, key, make);
         'restart: loop {
             let mut path = Path::new(self.root(hash));
@@ -617,14 +652,9 @@ where
                     INNER => {
                         // SAFETY: published inner nodes stay allocated while we are pinned.
                         let inner = unsafe { &*untag::<Inner>(word) };
-                        if inner.is_frozen() {
-                            path.push(Step {
-                                slot: &inner.slots[0],
-                                node: Some(inner),
-                            });
-                            self.help_unlink_frozen(&mut path, guard);
-                            continue 'restart;
-                        }
+                        // No frozen check here (it would touch the occupancy line on every
+                        // level): a frozen node has only empty slots, so an insert finds out
+                        // when its `reserve` fails, and an unlink cannot find its entry there.
                         path.push(Step {
                             slot: &inner.slots[((hash >> shift) & NODE_MASK) as usize],
                             node: Some(inner),
@@ -704,7 +734,7 @@ where
         );
         let hash = entry.hash;
         let target = entry as *const Entry<K, V>;
-        'restart: loop {
+        loop {
             let mut path = Path::new(self.root(hash));
             let mut shift = ROOT_BITS;
             loop {
@@ -737,14 +767,9 @@ where
                     INNER => {
                         // SAFETY: published inner nodes stay allocated while we are pinned.
                         let inner = unsafe { &*untag::<Inner>(word) };
-                        if inner.is_frozen() {
-                            path.push(Step {
-                                slot: &inner.slots[0],
-                                node: Some(inner),
-                            });
-                            self.help_unlink_frozen(&mut path, guard);
-                            continue 'restart;
-                        }
+                        // No frozen check here (it would touch the occupancy line on every
+                        // level): a frozen node has only empty slots, so an insert finds out
+                        // when its `reserve` fails, and an unlink cannot find its entry there.
                         path.push(Step {
                             slot: &inner.slots[((hash >> shift) & NODE_MASK) as usize],
                             node: Some(inner),
@@ -829,16 +854,44 @@ where
     }
 }
 
+/// How an insert holds its key until it needs an owned one.
+trait KeyArg<K> {
+    fn as_key(&self) -> &K;
+    fn into_key(self) -> K;
+}
+
+struct Owned<K>(K);
+
+impl<K> KeyArg<K> for Owned<K> {
+    fn as_key(&self) -> &K {
+        &self.0
+    }
+    fn into_key(self) -> K {
+        self.0
+    }
+}
+
+struct Cloned<'a, K>(&'a K);
+
+impl<K: Clone> KeyArg<K> for Cloned<'_, K> {
+    fn as_key(&self) -> &K {
+        self.0
+    }
+    fn into_key(self) -> K {
+        self.0.clone()
+    }
+}
+
 /// The entry an insert may publish: allocated on first need, freed if never published.
-struct Fresh<K, V, F> {
+struct Fresh<K, V, F, A> {
     hash: u64,
-    key: Option<K>,
+    key: Option<A>,
     make: Option<F>,
     entry: Option<NonNull<Entry<K, V>>>,
 }
 
-impl<K, V, F: FnOnce() -> V> Fresh<K, V, F> {
-    fn new(hash: u64, key: K, make: F) -> Self {
+impl<K, V, F: FnOnce() -> V, A: KeyArg<K>> Fresh<K, V, F, A> {
+    fn new(hash: u64, key: A, make: F) -> Self {
         Fresh {
             hash,
             key: Some(key),
@@ -849,7 +902,7 @@ impl<K, V, F: FnOnce() -> V> Fresh<K, V, F> {
 
     fn key(&self) -> &K {
         match (&self.key, self.entry) {
-            (Some(k), _) => k,
+            (Some(k), _) => k.as_key(),
             // SAFETY: the entry is ours until published.
             (None, Some(e)) => unsafe { &(*e.as_ptr()).key },
             (None, None) => unreachable!("key is either held or inside the entry"),
@@ -862,7 +915,7 @@ impl<K, V, F: FnOnce() -> V> Fresh<K, V, F> {
         }
         let entry = Box::new(Entry {
             hash: self.hash,
-            key: self.key.take().expect("key"),
+            key: self.key.take().expect("key").into_key(),
             value: (self.make.take().expect("make"))(),
         });
         let p = NonNull::from(Box::leak(entry));
@@ -878,7 +931,7 @@ impl<K, V, F: FnOnce() -> V> Fresh<K, V, F> {
     }
 }
 
-impl<K, V, F> Drop for Fresh<K, V, F> {
+impl<K, V, F, A> Drop for Fresh<K, V, F, A> {
     fn drop(&mut self) {
         if let Some(e) = self.entry.take() {
             // SAFETY: never published, so still exclusively ours.

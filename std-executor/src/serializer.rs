@@ -423,13 +423,9 @@ where
     }
 
     fn entry_for<'g>(&'g self, key: &K, guard: &'g crossbeam_epoch::Guard) -> &'g KeyEntry<K> {
-        let table = &self.shared.table;
-        if let Some(e) = table.get(key, guard) {
-            if !e.value().chain.is_retired() {
-                return e;
-            }
-        }
-        table.get_or_insert_with(key.clone(), || KeyState::new(usize::MAX), guard)
+        self.shared
+            .table
+            .get_or_insert_cloned(key, || KeyState::new(usize::MAX), guard)
     }
 
     fn slot_for(&self, entry: &KeyEntry<K>) -> usize {
