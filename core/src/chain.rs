@@ -289,7 +289,11 @@ impl<N: Linked> Chain<N> {
     /// ```
     pub fn push(&self, node: NonNull<N>) -> Result<Pushed, Retired<NonNull<N>>> {
         let link = N::link(node);
-        debug_assert_eq!(link.as_ptr() as usize & !PTR_MASK, 0, "Link must be 4-aligned");
+        debug_assert_eq!(
+            link.as_ptr() as usize & !PTR_MASK,
+            0,
+            "Link must be 4-aligned"
+        );
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
             if cur & RETIRED != 0 {
@@ -301,12 +305,10 @@ impl<N: Linked> Chain<N> {
             let new = link.as_ptr() as usize | ACTIVE;
             // Activating pushes acquire, so the baton they create carries the previous owner's
             // release (see "Memory ordering" above).
-            match self.state.compare_exchange_weak(
-                cur,
-                new,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
+            match self
+                .state
+                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
+            {
                 Ok(prev) if prev & ACTIVE == 0 => return Ok(Pushed::Activated),
                 Ok(_) => return Ok(Pushed::Queued),
                 Err(actual) => cur = actual,
@@ -383,7 +385,10 @@ impl<N: Linked> Chain<N> {
         }
         // Take the whole inbox, leaving ACTIVE (we still own the chain).
         let prev = self.state.swap(ACTIVE, Ordering::Acquire);
-        debug_assert!(prev & ACTIVE != 0 && prev & RETIRED == 0, "pop without owning the chain");
+        debug_assert!(
+            prev & ACTIVE != 0 && prev & RETIRED == 0,
+            "pop without owning the chain"
+        );
         let mut inbox = (prev & PTR_MASK) as *mut Link;
         // Reverse newest-first into oldest-first.
         let mut fifo: *mut Link = ptr::null_mut();
@@ -828,7 +833,7 @@ mod tests {
             let _ = c.push_value((true, 2)); // pushed into the inbox before 1 starts
             let p = c.pop_coalescing(latest).unwrap();
             assert!(p.superseded);
-            drop(BoxNode::into_value(p.node));
+            let _ = BoxNode::into_value(p.node);
             let p = c.pop_coalescing(latest).unwrap();
             assert!(!p.superseded);
             assert_eq!(BoxNode::into_value(p.node).1, 2);

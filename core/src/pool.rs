@@ -45,6 +45,9 @@ pub struct PoolNode<T> {
 
 impl<T> PoolNode<T> {
     #[cfg(not(loom))]
+    // Only used as the repeat operand of the `const` array initialiser (each element is a fresh
+    // copy), which is exactly what this lint warns about but intends.
+    #[allow(clippy::declare_interior_mutable_const)]
     const EMPTY: Self = PoolNode {
         link: Link::new(),
         next_free: AtomicUsize::new(0),

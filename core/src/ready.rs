@@ -46,6 +46,9 @@ struct Cell<T> {
 
 impl<T> Cell<T> {
     #[cfg(not(loom))]
+    // Only used as the repeat operand of the `const` array initialiser (each element is a fresh
+    // copy), which is exactly what this lint warns about but intends.
+    #[allow(clippy::declare_interior_mutable_const)]
     const EMPTY: Self = Cell {
         seq: AtomicUsize::new(0),
         value: UnsafeCell::new(MaybeUninit::uninit()),

@@ -456,7 +456,6 @@ impl<K, V, S> Table<K, V, S> {
 }
 
 impl<K: Hash + Eq, V, S: BuildHasher> Table<K, V, S> {
-
     /// The entry for `key`, if the table has one (it may be retired: check its value).
     /// Never locks, never retries.
     ///
@@ -508,7 +507,6 @@ impl<K: Hash + Eq, V, S: BuildHasher> Table<K, V, S> {
             }
         }
     }
-
 }
 
 impl<K, V, S> Table<K, V, S>
@@ -697,7 +695,11 @@ where
                             }
                             Err(_) => {
                                 // SAFETY: never published.
-                                drop(unsafe { Box::from_raw(untag::<Collision<K, V>>(new) as *mut Collision<K, V>) });
+                                drop(unsafe {
+                                    Box::from_raw(
+                                        untag::<Collision<K, V>>(new) as *mut Collision<K, V>
+                                    )
+                                });
                                 continue;
                             }
                         }
@@ -734,86 +736,90 @@ where
         );
         let hash = entry.hash;
         let target = entry as *const Entry<K, V>;
+        let mut path = Path::new(self.root(hash));
+        let mut shift = ROOT_BITS;
         loop {
-            let mut path = Path::new(self.root(hash));
-            let mut shift = ROOT_BITS;
-            loop {
-                let Step { slot, node } = path.top();
-                let word = slot.load(Ordering::Acquire);
-                if word == 0 {
-                    return false;
+            let Step { slot, node } = path.top();
+            let word = slot.load(Ordering::Acquire);
+            if word == 0 {
+                return false;
+            }
+            match tag(word) {
+                LEAF => {
+                    if untag::<Entry<K, V>>(word) != target {
+                        return false;
+                    }
+                    if slot
+                        .compare_exchange(word, 0, Ordering::AcqRel, Ordering::Acquire)
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    // SAFETY: our CAS removed the entry from its only slot.
+                    unsafe { defer_free_entry(guard, untag::<Entry<K, V>>(word)) };
+                    self.count(hash, -1);
+                    if let Some(node) = node {
+                        if node.release() {
+                            self.unlink_frozen_at(&mut path, guard);
+                        }
+                    }
+                    return true;
                 }
-                match tag(word) {
-                    LEAF => {
-                        if untag::<Entry<K, V>>(word) != target {
-                            return false;
+                INNER => {
+                    // SAFETY: published inner nodes stay allocated while we are pinned.
+                    let inner = unsafe { &*untag::<Inner>(word) };
+                    // No frozen check here (it would touch the occupancy line on every
+                    // level): a frozen node has only empty slots, so an insert finds out
+                    // when its `reserve` fails, and an unlink cannot find its entry there.
+                    path.push(Step {
+                        slot: &inner.slots[((hash >> shift) & NODE_MASK) as usize],
+                        node: Some(inner),
+                    });
+                    shift += NODE_BITS;
+                }
+                _ => {
+                    // SAFETY: published collision nodes stay allocated while we are pinned.
+                    let coll = unsafe { &*untag::<Collision<K, V>>(word) };
+                    let Some(&victim) = coll.entries.iter().find(|&&p| p == target) else {
+                        return false;
+                    };
+                    let rest: Vec<_> = coll
+                        .entries
+                        .iter()
+                        .copied()
+                        .filter(|&p| p != target)
+                        .collect();
+                    let new = match rest.len() {
+                        0 => 0,
+                        1 => rest[0] as usize | LEAF,
+                        _ => Box::into_raw(Box::new(Collision { entries: rest })) as usize | COLL,
+                    };
+                    if slot
+                        .compare_exchange(word, new, Ordering::AcqRel, Ordering::Acquire)
+                        .is_err()
+                    {
+                        if tag(new) == COLL {
+                            // SAFETY: never published.
+                            drop(unsafe {
+                                Box::from_raw(untag::<Collision<K, V>>(new) as *mut Collision<K, V>)
+                            });
                         }
-                        if slot
-                            .compare_exchange(word, 0, Ordering::AcqRel, Ordering::Acquire)
-                            .is_err()
-                        {
-                            continue;
-                        }
-                        // SAFETY: our CAS removed the entry from its only slot.
-                        unsafe { defer_free_entry(guard, untag::<Entry<K, V>>(word)) };
-                        self.count(hash, -1);
+                        continue;
+                    }
+                    // SAFETY: our CAS unpublished the old collision node and `entry`.
+                    unsafe {
+                        defer_free_collision::<K, V>(guard, word);
+                        defer_free_entry(guard, victim);
+                    }
+                    self.count(hash, -1);
+                    if new == 0 {
                         if let Some(node) = node {
                             if node.release() {
                                 self.unlink_frozen_at(&mut path, guard);
                             }
                         }
-                        return true;
                     }
-                    INNER => {
-                        // SAFETY: published inner nodes stay allocated while we are pinned.
-                        let inner = unsafe { &*untag::<Inner>(word) };
-                        // No frozen check here (it would touch the occupancy line on every
-                        // level): a frozen node has only empty slots, so an insert finds out
-                        // when its `reserve` fails, and an unlink cannot find its entry there.
-                        path.push(Step {
-                            slot: &inner.slots[((hash >> shift) & NODE_MASK) as usize],
-                            node: Some(inner),
-                        });
-                        shift += NODE_BITS;
-                    }
-                    _ => {
-                        // SAFETY: published collision nodes stay allocated while we are pinned.
-                        let coll = unsafe { &*untag::<Collision<K, V>>(word) };
-                        let Some(&victim) = coll.entries.iter().find(|&&p| p == target) else {
-                            return false;
-                        };
-                        let rest: Vec<_> =
-                            coll.entries.iter().copied().filter(|&p| p != target).collect();
-                        let new = match rest.len() {
-                            0 => 0,
-                            1 => rest[0] as usize | LEAF,
-                            _ => Box::into_raw(Box::new(Collision { entries: rest })) as usize | COLL,
-                        };
-                        if slot
-                            .compare_exchange(word, new, Ordering::AcqRel, Ordering::Acquire)
-                            .is_err()
-                        {
-                            if tag(new) == COLL {
-                                // SAFETY: never published.
-                                drop(unsafe { Box::from_raw(untag::<Collision<K, V>>(new) as *mut Collision<K, V>) });
-                            }
-                            continue;
-                        }
-                        // SAFETY: our CAS unpublished the old collision node and `entry`.
-                        unsafe {
-                            defer_free_collision::<K, V>(guard, word);
-                            defer_free_entry(guard, victim);
-                        }
-                        self.count(hash, -1);
-                        if new == 0 {
-                            if let Some(node) = node {
-                                if node.release() {
-                                    self.unlink_frozen_at(&mut path, guard);
-                                }
-                            }
-                        }
-                        return true;
-                    }
+                    return true;
                 }
             }
         }
@@ -1199,7 +1205,11 @@ mod tests {
             e.value().retire();
             assert!(t.unlink(e, &g));
         }
-        assert_eq!(t.roots[0].load(Ordering::Relaxed), 0, "index shrank back to nothing");
+        assert_eq!(
+            t.roots[0].load(Ordering::Relaxed),
+            0,
+            "index shrank back to nothing"
+        );
         // And it grows again.
         for &k in &keys {
             t.get_or_insert_with(k, Flag::default, &g);

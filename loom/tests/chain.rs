@@ -33,7 +33,10 @@ fn two_pushers_on_an_idle_chain_exactly_one_schedules() {
                 thread::spawn(move || c.push_value(i).unwrap() == Pushed::Activated)
             })
             .collect();
-        let activations: usize = pushers.into_iter().map(|h| h.join().unwrap() as usize).sum();
+        let activations: usize = pushers
+            .into_iter()
+            .map(|h| h.join().unwrap() as usize)
+            .sum();
         assert_eq!(activations, 1);
         let mut got = drain_and_release(&c);
         got.sort();
@@ -95,7 +98,11 @@ fn owner_hands_off_to_a_second_drainer_without_double_drain() {
         run(c.clone(), draining.clone(), taken.clone(), 3)();
         a.join().unwrap();
         b.join().unwrap();
-        assert_eq!(taken.load(Ordering::Acquire), 3, "every push taken exactly once");
+        assert_eq!(
+            taken.load(Ordering::Acquire),
+            3,
+            "every push taken exactly once"
+        );
         assert!(c.is_idle());
     });
 }

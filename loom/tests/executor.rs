@@ -32,9 +32,16 @@ fn gate_close_waits_for_admitted_pushes_and_refuses_later_ones() {
         gate.close();
         gate.wait_idle();
         let seen = pushed.load(Ordering::Relaxed);
-        assert_eq!(seen as u64, gate.admitted(), "admitted pushes are complete and visible");
+        assert_eq!(
+            seen as u64,
+            gate.admitted(),
+            "admitted pushes are complete and visible"
+        );
         let accepted = submitter.join().unwrap();
-        assert_eq!(accepted as usize, seen, "no push lands after close + wait_idle");
+        assert_eq!(
+            accepted as usize, seen,
+            "no push lands after close + wait_idle"
+        );
         assert!(gate.enter().is_none());
     });
 }
@@ -46,7 +53,9 @@ fn sleep_never_loses_a_wakeup() {
     // loom reports as a deadlock.
     loom::model(|| {
         let parker = Parker::new();
-        let sleep = Arc::new(Sleep::new(vec![parker.unparker().clone()].into_boxed_slice()));
+        let sleep = Arc::new(Sleep::new(
+            vec![parker.unparker().clone()].into_boxed_slice(),
+        ));
         let work = Arc::new(AtomicBool::new(false));
         sleep.start_searching();
         let (s, w) = (sleep.clone(), work.clone());
@@ -59,9 +68,44 @@ fn sleep_never_loses_a_wakeup() {
             if work.swap(false, Ordering::AcqRel) {
                 break;
             }
-            if sleep.try_sleep(0, snapshot) {
+            if sleep.try_sleep(0, snapshot, true) {
                 parker.park();
                 sleep.woke(0);
+            }
+        }
+        submitter.join().unwrap();
+    });
+}
+
+#[test]
+fn sleep_an_uncounted_worker_never_loses_a_wakeup() {
+    // A worker whose queues ran dry after a task is not counted as searching; the submitter's
+    // notify then sees nobody searching. Either its notify wakes the sleeper, or the sleeper's
+    // try_sleep sees EVENTS move and searches again.
+    loom::model(|| {
+        let parker = Parker::new();
+        let sleep = Arc::new(Sleep::new(
+            vec![parker.unparker().clone()].into_boxed_slice(),
+        ));
+        let work = Arc::new(AtomicBool::new(false));
+        let (s, w) = (sleep.clone(), work.clone());
+        let submitter = thread::spawn(move || {
+            w.fetch_or(true, Ordering::Release);
+            s.notify();
+        });
+        let mut counted = false;
+        loop {
+            let snapshot = sleep.snapshot();
+            if work.swap(false, Ordering::AcqRel) {
+                if counted {
+                    sleep.stop_searching();
+                }
+                break;
+            }
+            if sleep.try_sleep(0, snapshot, counted) {
+                parker.park();
+                sleep.woke(0);
+                counted = true; // a woken worker is counted (by its waker or by itself)
             }
         }
         submitter.join().unwrap();
@@ -104,7 +148,7 @@ fn sleep_two_workers_one_item_is_taken_once_and_nobody_sleeps_forever() {
                         sleep.notify();
                         return;
                     }
-                    if sleep.try_sleep(index, snapshot) {
+                    if sleep.try_sleep(index, snapshot, true) {
                         parker.park();
                         sleep.woke(index);
                     }

@@ -118,7 +118,10 @@ fn lookup_racing_unlink_and_reclamation_never_sees_freed_memory() {
             let g = h.pin();
             if let Some(e) = t2.get(&1, &g) {
                 // Still pinned: whatever happened to the entry, its memory is alive.
-                assert!(!e.value().freed.load(Ordering::Acquire), "read a freed entry");
+                assert!(
+                    !e.value().freed.load(Ordering::Acquire),
+                    "read a freed entry"
+                );
                 let _ = e.value().chain.is_retired();
             }
         });

@@ -18,14 +18,7 @@ struct Account {
 
 fn main() {
     let accounts: Arc<Mutex<HashMap<u32, Arc<Mutex<Account>>>>> = Default::default();
-    let account = |user: u32| {
-        accounts
-            .lock()
-            .unwrap()
-            .entry(user)
-            .or_default()
-            .clone()
-    };
+    let account = |user: u32| accounts.lock().unwrap().entry(user).or_default().clone();
 
     let s = Builder::<u32>::new()
         .thread_name("requests")

@@ -68,8 +68,7 @@ pub struct Ticket<'a> {
 impl Ticket<'_> {
     /// The task was pushed: count it as admitted and leave the gate.
     pub fn admit(self) {
-        self.word
-            .fetch_add(ADMITTED - IN_FLIGHT, Ordering::Release);
+        self.word.fetch_add(ADMITTED - IN_FLIGHT, Ordering::Release);
         std::mem::forget(self);
     }
 }

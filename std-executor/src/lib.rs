@@ -38,6 +38,7 @@ mod gate;
 mod handle;
 mod idle;
 mod permits;
+mod phase;
 mod serializer;
 mod shared;
 mod sleep;
@@ -64,6 +65,7 @@ pub use stats::Stats;
 pub mod loom_api {
     pub use crate::capacity::Capacity;
     pub use crate::gate::{Gate, Ticket};
+    pub use crate::phase::{AfterTask, Phase, Stopped};
     pub use crate::sleep::Sleep;
     pub use crate::sync::{Parker, Unparker};
 }

@@ -82,7 +82,9 @@ where
     if let Some(p) = task.take_granted() {
         return Gate::Run(task, Some(p));
     }
-    let (sem, n) = task.permits().expect("a permit-gated task knows its semaphore");
+    let (sem, n) = task
+        .permits()
+        .expect("a permit-gated task knows its semaphore");
     match sem.try_acquire(n) {
         Ok(p) => Gate::Run(task, Some(p)),
         Err(AcquireError::Closed) | Err(AcquireError::TooMany) => {
@@ -91,7 +93,13 @@ where
         }
         Err(_) => {
             // SAFETY: we own the chain and just popped this node from it.
-            unsafe { entry.as_ref().value().chain.unpop(NonNull::from(task_into_raw(task))) };
+            unsafe {
+                entry
+                    .as_ref()
+                    .value()
+                    .chain
+                    .unpop(NonNull::from(task_into_raw(task)))
+            };
             let wait = Arc::new(Wait {
                 state: AtomicU8::new(WAITING),
                 entry,

@@ -11,8 +11,9 @@ use keyserial_core::chain::{Pushed, Retired};
 
 use crate::builder::Builder;
 use crate::handle::{JoinState, TaskHandle};
+use crate::phase::Stopped;
 use crate::semaphore::Semaphore;
-use crate::shared::{phase, Config, KeyEntry, KeyState, Runnable, Shared};
+use crate::shared::{Config, KeyEntry, KeyState, Runnable, Shared};
 use crate::sync::{lock, Ordering, Parker};
 use crate::task::{Detached, Job, Joined, Kind, TaskRef};
 use crate::worker::{self, drain_chain, Owned};
@@ -107,10 +108,15 @@ where
         Builder::new()
     }
 
-    pub(crate) fn start(b: Builder<K>, workers: usize, max_workers: usize) -> std::io::Result<Self> {
+    pub(crate) fn start(
+        b: Builder<K>,
+        workers: usize,
+        max_workers: usize,
+    ) -> std::io::Result<Self> {
         let parkers: Vec<Parker> = (0..max_workers).map(|_| Parker::new()).collect();
         let unparkers = parkers.iter().map(|p| p.unparker().clone()).collect();
-        let deques: Vec<Worker<Runnable<K>>> = (0..max_workers).map(|_| Worker::new_fifo()).collect();
+        let deques: Vec<Worker<Runnable<K>>> =
+            (0..max_workers).map(|_| Worker::new_fifo()).collect();
         let config = Config {
             workers,
             max_workers,
@@ -192,7 +198,14 @@ where
     {
         let mut slot = Some(task);
         self.admit(Some(key), Kind::Plain, Mode::Block, None, |k| {
-            (k, TaskRef::new(Detached(slot.take().expect("built once")), Kind::Plain, None))
+            (
+                k,
+                TaskRef::new(
+                    Detached(slot.take().expect("built once")),
+                    Kind::Plain,
+                    None,
+                ),
+            )
         })
         .map_err(|reason| Rejected {
             reason,
@@ -283,7 +296,13 @@ where
                 task,
             });
         }
-        self.submit_joined(Some(key), task, Kind::Permits, Mode::Block, Some((sem.clone(), n)))
+        self.submit_joined(
+            Some(key),
+            task,
+            Kind::Permits,
+            Mode::Block,
+            Some((sem.clone(), n)),
+        )
     }
 
     /// Runs an unkeyed task: never serialized with anything. Blocks while at capacity.
@@ -482,34 +501,12 @@ where
         self.shutdown();
         sh.gate.wait_idle();
         let mut out: Vec<PendingTask<K>> = Vec::new();
-        // 1. Workers: stop each one; steal the chains of those inside a task.
+        // 1. Workers: stop each one; steal the chains of those inside a task (phase.rs).
         for slot in sh.slots.iter() {
-            let mut p = slot.phase.fetch_or(phase::STOP, Ordering::AcqRel) | phase::STOP;
-            let backoff = crossbeam_utils::Backoff::new();
-            loop {
-                match p & phase::MASK {
-                    phase::RUNNING if p & phase::STOLEN == 0 => {
-                        match slot.phase.compare_exchange(
-                            p,
-                            p | phase::STOLEN,
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        ) {
-                            Ok(_) => {
-                                let e = slot.current.load(Ordering::Relaxed);
-                                if let Some(e) = NonNull::new(e as *mut KeyEntry<K>) {
-                                    self.drain_into(e, &mut out);
-                                }
-                                break;
-                            }
-                            Err(actual) => p = actual,
-                        }
-                    }
-                    phase::BUSY => {
-                        crate::sync::snooze(&backoff);
-                        p = slot.phase.load(Ordering::Acquire);
-                    }
-                    _ => break,
+            if slot.phase.stop() == Stopped::Stole {
+                let e = slot.current.load(Ordering::Relaxed);
+                if let Some(e) = NonNull::new(e as *mut KeyEntry<K>) {
+                    self.drain_into(e, &mut out);
                 }
             }
         }
@@ -537,8 +534,7 @@ where
         }
         // 4. What workers handed back themselves.
         out.append(&mut lock(&sh.handback));
-        sh.handed_back
-            .fetch_add(out.len() as u64, Ordering::AcqRel);
+        sh.handed_back.fetch_add(out.len() as u64, Ordering::AcqRel);
         if let Some(c) = &sh.capacity {
             for _ in 0..out.len() {
                 c.release();
@@ -721,7 +717,7 @@ impl<K> PendingTask<K> {
     /// # tx.send(()).unwrap();
     /// ```
     pub fn run(self) {
-        self.task.run(None);
+        self.task.run(None, &|_| {});
     }
 }
 
@@ -740,5 +736,5 @@ fn assert_send_sync() {
     fn send<T: Send>() {}
     send::<PendingTask<String>>();
     send::<TaskHandle<String>>();
-    let _ = |j: Detached<fn()>| j.run();
+    let _ = |j: Detached<fn()>| j.run(None, &|_| {});
 }

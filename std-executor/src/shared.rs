@@ -13,8 +13,9 @@ use keyserial_core::table::{Entry, Retire, Table};
 
 use crate::capacity::Capacity;
 use crate::gate::Gate;
+use crate::phase::Phase;
 use crate::sleep::Sleep;
-use crate::sync::{lock, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Condvar, Mutex, Ordering};
+use crate::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
 use crate::task::{Header, TaskRef};
 use crate::PendingTask;
 
@@ -59,16 +60,6 @@ pub(crate) enum Runnable<K> {
 // Sync (K: Sync) and stays allocated while the baton is held (an active chain is never retired).
 unsafe impl<K: Send + Sync> Send for Runnable<K> {}
 
-/// Worker phases, for `shutdown_now` (see `worker.rs`).
-pub(crate) mod phase {
-    pub(crate) const IDLE: u8 = 0;
-    pub(crate) const BUSY: u8 = 1;
-    pub(crate) const RUNNING: u8 = 2;
-    pub(crate) const MASK: u8 = 0b11;
-    pub(crate) const STOLEN: u8 = 1 << 2;
-    pub(crate) const STOP: u8 = 1 << 3;
-}
-
 /// Counters a worker slot writes (single writer at a time) and anyone reads.
 #[derive(Default)]
 pub(crate) struct Counters {
@@ -93,7 +84,7 @@ pub(crate) struct Slot<K> {
     pub(crate) stealer: Stealer<Runnable<K>>,
     /// The slot's local deque while no thread owns the slot.
     pub(crate) local: Mutex<Option<crate::worker::Owned<K>>>,
-    pub(crate) phase: CachePadded<AtomicU8>,
+    pub(crate) phase: CachePadded<Phase>,
     /// The entry whose chain the slot's worker is running (valid while `RUNNING`).
     pub(crate) current: AtomicUsize,
     pub(crate) counters: CachePadded<Counters>,
@@ -179,7 +170,7 @@ where
                 injector: Injector::new(),
                 stealer: o.deque.stealer(),
                 local: Mutex::new(Some(o)),
-                phase: CachePadded::new(AtomicU8::new(phase::IDLE)),
+                phase: CachePadded::new(Phase::new()),
                 current: AtomicUsize::new(0),
                 counters: CachePadded::new(Counters::default()),
                 alive: AtomicBool::new(false),
@@ -217,7 +208,12 @@ where
 
     /// Makes `r` runnable: into the calling worker's own deque when called from one of our
     /// workers (`local`), else into the injector of `slot`; then wakes a worker if needed.
-    pub(crate) fn schedule(&self, r: Runnable<K>, slot: usize, local: Option<&crossbeam_deque::Worker<Runnable<K>>>) {
+    pub(crate) fn schedule(
+        &self,
+        r: Runnable<K>,
+        slot: usize,
+        local: Option<&crossbeam_deque::Worker<Runnable<K>>>,
+    ) {
         match local {
             Some(w) => w.push(r),
             None => self.slots[slot % self.slots.len()].injector.push(r),

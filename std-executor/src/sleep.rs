@@ -17,9 +17,15 @@
 //!   searcher to find work, wake another if more is visible): one wakeup per ready chain, only if
 //!   nobody is already looking.
 //! - **sleep**: a worker takes `snapshot = load()` *before* its last search of every queue. If that
-//!   search finds nothing it locks the registry and CASes `SLEEPERS + 1` (and `SEARCHING - 1`)
-//!   *only if EVENTS still equals the snapshot's*, pushes itself and parks. If EVENTS moved, a
-//!   runnable may have been pushed after its search started: it searches again instead.
+//!   search finds nothing it locks the registry and CASes `SLEEPERS + 1` (and `SEARCHING - 1` if it
+//!   was counted as searching) *only if EVENTS still equals the snapshot's*, pushes itself and
+//!   parks. If EVENTS moved, a runnable may have been pushed after its search started: it searches
+//!   again instead.
+//! - **searching**: a worker is counted in SEARCHING from when it starts or is woken until it finds
+//!   work or sleeps. A worker whose own queues just ran dry after a task is *not* counted (that
+//!   would cost two RMWs on this shared line per task); it still searches and sleeps by the rule
+//!   above. SEARCHING only suppresses extra wakeups, so an uncounted searcher cannot cause a lost
+//!   one: the no-lost-wakeup argument below rests on EVENTS and SLEEPERS alone.
 //! - **wake-up**: the parked worker returns (unparked, timed out, or spuriously). Under the lock, if
 //!   it is still registered it removes itself and moves SLEEPERS -> SEARCHING itself; otherwise a
 //!   notifier already did that for it.
@@ -124,18 +130,19 @@ impl Sleep {
         searching(w) + sleepers(w) > 0
     }
 
-    /// Registers searching worker `index` as asleep unless something became runnable since
-    /// `snapshot`. On `true` the caller must park and then call [`woke`](Self::woke); on `false`
-    /// it is still searching and must search again.
-    pub fn try_sleep(&self, index: usize, snapshot: u64) -> bool {
+    /// Registers worker `index` as asleep unless something became runnable since `snapshot`
+    /// (`searching_now`: the worker is counted in SEARCHING, and stops being so). On `true` the
+    /// caller must park and then call [`woke`](Self::woke); on `false` nothing changed and it must
+    /// search again.
+    pub fn try_sleep(&self, index: usize, snapshot: u64, searching_now: bool) -> bool {
         let mut reg = lock(&self.registry);
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
             if events(cur) != events(snapshot) {
                 return false;
             }
-            debug_assert!(searching(cur) > 0);
-            let new = cur + SLEEPER - SEARCHING;
+            debug_assert!(!searching_now || searching(cur) > 0);
+            let new = cur + SLEEPER - if searching_now { SEARCHING } else { 0 };
             match self
                 .word
                 .compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire)
@@ -171,14 +178,14 @@ mod tests {
         s.start_searching();
         s.start_searching();
         let snap = s.snapshot();
-        assert!(s.try_sleep(0, snap));
+        assert!(s.try_sleep(0, snap, true));
         // worker 1 still searching: no wakeup
         assert!(!s.notify());
         assert_eq!(sleepers(s.snapshot()), 1);
         // worker 1's snapshot is stale now: it must search again
-        assert!(!s.try_sleep(1, snap));
+        assert!(!s.try_sleep(1, snap, true));
         let snap = s.snapshot();
-        assert!(s.try_sleep(1, snap));
+        assert!(s.try_sleep(1, snap, true));
         // nobody searching, two asleep: one is woken and counted as searching
         assert!(!s.notify());
         let w = s.snapshot();

@@ -42,8 +42,12 @@ pub(crate) enum Abandon {
 
 /// A job: the user's closure plus how to report its outcome.
 pub(crate) trait Job: Send + 'static {
-    /// Runs the job, catching a panic. Returns `true` if it panicked.
-    fn run(self) -> bool;
+    /// Runs the job, catching a panic, then releases `permit` (if any) *before* reporting the
+    /// outcome, so a joiner never sees the task finished while it still holds permits. Returns
+    /// `true` if it panicked.
+    /// `done(panicked)` runs after the permit is released and before the handle resolves, so
+    /// anything it records (the worker's counters) is visible to whoever joins the handle.
+    fn run(self, permit: Option<Permit>, done: &dyn Fn(bool)) -> bool;
     /// Drops the job unrun, resolving its handle.
     fn abandon(self, why: Abandon);
 }
@@ -52,8 +56,11 @@ pub(crate) trait Job: Send + 'static {
 pub(crate) struct Detached<F>(pub(crate) F);
 
 impl<F: FnOnce() + Send + 'static> Job for Detached<F> {
-    fn run(self) -> bool {
-        match catch_unwind(AssertUnwindSafe(self.0)) {
+    fn run(self, permit: Option<Permit>, done: &dyn Fn(bool)) -> bool {
+        let result = catch_unwind(AssertUnwindSafe(self.0));
+        drop(permit);
+        done(result.is_err());
+        match result {
             Ok(()) => false,
             Err(payload) => {
                 drop_payload(payload);
@@ -76,9 +83,12 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    fn run(self) -> bool {
+    fn run(self, permit: Option<Permit>, done: &dyn Fn(bool)) -> bool {
         let Joined { f, state } = self;
-        match catch_unwind(AssertUnwindSafe(f)) {
+        let result = catch_unwind(AssertUnwindSafe(f));
+        drop(permit);
+        done(result.is_err());
+        match result {
             Ok(v) => {
                 state.complete(Ok(v));
                 false
@@ -104,7 +114,7 @@ pub(crate) fn drop_payload(payload: Box<dyn Any + Send>) {
 }
 
 struct VTable {
-    run: unsafe fn(NonNull<Header>) -> bool,
+    run: unsafe fn(NonNull<Header>, Option<Permit>, &dyn Fn(bool)) -> bool,
     abandon: unsafe fn(NonNull<Header>, Abandon),
     permits: unsafe fn(NonNull<Header>) -> Option<(Semaphore, usize)>,
 }
@@ -162,7 +172,9 @@ unsafe impl Send for TaskRef {}
 
 impl fmt::Debug for TaskRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TaskRef").field("kind", &self.kind()).finish()
+        f.debug_struct("TaskRef")
+            .field("kind", &self.kind())
+            .finish()
     }
 }
 
@@ -233,14 +245,13 @@ impl TaskRef {
     }
 
     /// Runs the task (a panic is caught) and frees the node. Returns `true` if it panicked.
-    /// `permit` is held while the task runs and released when it ends.
-    pub(crate) fn run(mut self, permit: Option<Permit>) -> bool {
+    /// `permit` is held while the task runs and released when it ends; `done` runs before the
+    /// task's handle resolves.
+    pub(crate) fn run(mut self, permit: Option<Permit>, done: &dyn Fn(bool)) -> bool {
         let held = permit.or_else(|| self.take_granted());
         let p = self.into_raw();
         // SAFETY: the vtable matches the node; ownership passes to `run_node`, which frees it.
-        let panicked = unsafe { (p.as_ref().vtable.run)(p) };
-        drop(held);
-        panicked
+        unsafe { (p.as_ref().vtable.run)(p, held, done) }
     }
 
     /// Frees the node without running it, resolving its handle.
@@ -259,13 +270,20 @@ impl Drop for TaskRef {
     }
 }
 
-unsafe fn run_node<J: Job>(p: NonNull<Header>) -> bool {
+unsafe fn run_node<J: Job>(
+    p: NonNull<Header>,
+    permit: Option<Permit>,
+    done: &dyn Fn(bool),
+) -> bool {
     // SAFETY: `p` is the header of a `Node<J>` made by `TaskRef::new` (the vtable is per J) and
     // ownership was passed to us.
     let node = unsafe { Box::from_raw(p.cast::<Node<J>>().as_ptr()) };
     let Node { header, job, .. } = *node;
-    drop(header.granted);
-    job.run()
+    debug_assert!(
+        header.granted.is_none(),
+        "granted permits are passed in by TaskRef::run"
+    );
+    job.run(permit, done)
 }
 
 unsafe fn abandon_node<J: Job>(p: NonNull<Header>, why: Abandon) {

@@ -18,24 +18,12 @@
 //! then it keeps draining). After a release, the key's idle bookkeeping runs (`idle.rs`) under an
 //! epoch guard taken *before* the release, since the entry may be retired by others from then on.
 //!
-//! # Phases (for `shutdown_now`)
+//! # Stopping (`shutdown_now`)
 //!
-//! Each slot has a phase word changed only by RMWs: `IDLE` (holds no chain), `BUSY` (searching, or
-//! holding a chain between tasks), `RUNNING` (inside a user task; the chain's private queue is
-//! untouched and may be taken), plus the flags `STOP` (set by `shutdown_now`) and `STOLEN`.
-//!
-//! | transition | by | if `STOP` is set |
-//! |---|---|---|
-//! | `IDLE -> BUSY` (CAS) | worker, before searching | fails: the worker exits |
-//! | `BUSY -> RUNNING` (CAS) | worker, before a task | fails: the worker hands back that task and its chain, goes `IDLE` |
-//! | `RUNNING -> BUSY` (CAS loop, keeps flags) | worker, after a task | `STOLEN`: the chain is gone, do not touch it; `STOP` only: hand back the chain |
-//! | `RUNNING -> RUNNING|STOLEN` (CAS) | `shutdown_now` | — it now owns the chain and drains it |
-//! | `BUSY -> IDLE` (RMW keeps flags) | worker, nothing found | — |
-//!
-//! `shutdown_now` sets `STOP` with `fetch_or` on every slot, waits for every `BUSY` to end (no user
-//! code runs in `BUSY` beyond dropping closures and waking wakers), steals the chains of `RUNNING`
-//! workers, then drains every queue. A worker either finishes its hand-off before going `IDLE`, or
-//! had its chain stolen while `RUNNING`: each queued task ends up in exactly one place.
+//! Each slot has a phase word (`phase.rs`: `IDLE`, `BUSY`, `RUNNING`, plus `STOP` and `STOLEN`)
+//! through which `shutdown_now` takes the queue behind a running task without waiting for the
+//! task. A worker either hands back what it holds before going `IDLE`, or had its chain stolen
+//! while `RUNNING`: each queued task ends up in exactly one place.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -46,7 +34,8 @@ use std::time::Duration;
 use crossbeam_deque::{Steal, Worker};
 use crossbeam_utils::Backoff;
 
-use crate::shared::{phase, Counters, IdleItem, KeyEntry, Runnable, Shared, Slot};
+use crate::phase::AfterTask;
+use crate::shared::{Counters, IdleItem, KeyEntry, Runnable, Shared, Slot};
 use crate::sync::{lock, Ordering, Parker};
 use crate::task::{Abandon, Kind, TaskRef};
 use crate::PendingTask;
@@ -149,7 +138,11 @@ where
     }
 
     fn deque(&self) -> &Worker<Runnable<K>> {
-        &self.owned.as_ref().expect("deque present while running").deque
+        &self
+            .owned
+            .as_ref()
+            .expect("deque present while running")
+            .deque
     }
 
     fn run(mut self) {
@@ -177,11 +170,6 @@ where
             }
             if self.leave_busy() {
                 return;
-            }
-            if !self.searching {
-                self.shared.sleep.start_searching();
-                self.searching = true;
-                continue;
             }
             if spins < SPIN_ROUNDS {
                 spins += 1;
@@ -216,12 +204,20 @@ where
             if self.leave_busy() {
                 return;
             }
-            if !self.shared.sleep.try_sleep(self.index, snapshot) {
+            if !self
+                .shared
+                .sleep
+                .try_sleep(self.index, snapshot, self.searching)
+            {
                 continue;
             }
             self.searching = false;
             let timeout = self.park_timeout(idle_since);
-            self.owned.as_ref().expect("parker").parker.park_timeout(timeout);
+            self.owned
+                .as_ref()
+                .expect("parker")
+                .parker
+                .park_timeout(timeout);
             self.shared.sleep.woke(self.index);
             self.searching = true;
             self.now = self.shared.now_ms();
@@ -271,16 +267,12 @@ where
 
     /// `IDLE -> BUSY`; `false` if `shutdown_now` stopped this worker.
     fn enter_busy(&self) -> bool {
-        self.slot
-            .phase
-            .compare_exchange(phase::IDLE, phase::BUSY, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        self.slot.phase.enter_busy()
     }
 
-    /// `BUSY -> IDLE`, keeping flags; `true` if `STOP` is set.
+    /// Back to `IDLE`; `true` if `STOP` is set.
     fn leave_busy(&self) -> bool {
-        let prev = self.slot.phase.fetch_and(!phase::MASK, Ordering::AcqRel);
-        prev & phase::STOP != 0
+        self.slot.phase.leave_busy()
     }
 
     fn found(&mut self, r: Runnable<K>) -> After {
@@ -352,22 +344,16 @@ where
 
     fn run_unkeyed(&mut self, task: TaskRef) -> After {
         self.slot.current.store(0, Ordering::Relaxed);
-        if self
-            .slot
-            .phase
-            .compare_exchange(phase::BUSY, phase::RUNNING, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+        if !self.slot.phase.enter_running() {
             self.hand_back(None, vec![task]);
             return After::Exit;
         }
         self.release_capacity();
         self.bump(|c| &c.started);
-        let panicked = task.run(None);
-        self.finish_task(panicked);
-        match self.leave_running() {
-            Some(_) => After::Exit,
-            None => After::Continue,
+        task.run(None, &|panicked| self.finish_task(panicked));
+        match self.slot.phase.leave_running() {
+            AfterTask::Continue => After::Continue,
+            AfterTask::Stolen | AfterTask::HandBack => After::Exit,
         }
     }
 
@@ -376,27 +362,6 @@ where
             self.bump(|c| &c.panicked);
         }
         self.bump(|c| &c.completed);
-    }
-
-    /// `RUNNING -> BUSY`, keeping flags. `None` to go on; `Some(stolen)` if `STOP` is set.
-    fn leave_running(&self) -> Option<bool> {
-        let mut cur = self.slot.phase.load(Ordering::Acquire);
-        loop {
-            let new = (cur & !phase::MASK) | phase::BUSY;
-            match self
-                .slot
-                .phase
-                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(prev) => {
-                    if prev & phase::STOP != 0 {
-                        return Some(prev & phase::STOLEN != 0);
-                    }
-                    return None;
-                }
-                Err(actual) => cur = actual,
-            }
-        }
     }
 
     fn run_chain(&mut self, entry_ptr: NonNull<KeyEntry<K>>) -> After {
@@ -424,9 +389,7 @@ where
                 return After::Continue;
             }
             // SAFETY: we own the chain; `kind_of` reads queued nodes of a chain we own.
-            let popped = unsafe {
-                chain.pop_coalescing(|n| TaskRef::kind_of(n) == Kind::Latest)
-            };
+            let popped = unsafe { chain.pop_coalescing(|n| TaskRef::kind_of(n) == Kind::Latest) };
             let Some(p) = popped else {
                 let guard = crossbeam_epoch::pin();
                 // SAFETY: we own the chain.
@@ -447,29 +410,26 @@ where
             let mut permit = None;
             match task.kind() {
                 Kind::Distinct => ks.distinct.store(false, Ordering::Release),
-                Kind::Permits => match crate::permits::acquire_or_park(self.shared, entry_ptr, task) {
-                    crate::permits::Gate::Run(t, p) => {
-                        task = t;
-                        permit = p;
+                Kind::Permits => {
+                    match crate::permits::acquire_or_park(self.shared, entry_ptr, task) {
+                        crate::permits::Gate::Run(t, p) => {
+                            task = t;
+                            permit = p;
+                        }
+                        crate::permits::Gate::Parked => return After::Continue,
+                        crate::permits::Gate::Dropped => {
+                            self.bump(|c| &c.dropped);
+                            self.release_capacity();
+                            continue;
+                        }
                     }
-                    crate::permits::Gate::Parked => return After::Continue,
-                    crate::permits::Gate::Dropped => {
-                        self.bump(|c| &c.dropped);
-                        self.release_capacity();
-                        continue;
-                    }
-                },
+                }
                 _ => {}
             }
             self.slot
                 .current
                 .store(entry_ptr.as_ptr() as usize, Ordering::Relaxed);
-            if self
-                .slot
-                .phase
-                .compare_exchange(phase::BUSY, phase::RUNNING, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-            {
+            if !self.slot.phase.enter_running() {
                 drop(permit);
                 let mut tasks = vec![task];
                 // SAFETY: we still own the chain.
@@ -479,13 +439,12 @@ where
             }
             self.release_capacity();
             self.bump(|c| &c.started);
-            let panicked = task.run(permit);
-            self.finish_task(panicked);
+            task.run(permit, &|panicked| self.finish_task(panicked));
             ran += 1;
-            match self.leave_running() {
-                None => {}
-                Some(true) => return After::Exit, // stolen: the chain is not ours any more
-                Some(false) => {
+            match self.slot.phase.leave_running() {
+                AfterTask::Continue => {}
+                AfterTask::Stolen => return After::Exit, // the chain is not ours any more
+                AfterTask::HandBack => {
                     let mut tasks = Vec::new();
                     // SAFETY: STOP without STOLEN: we still own the chain.
                     unsafe { drain_chain(entry, &mut tasks) };

@@ -33,7 +33,10 @@ fn block_worker(s: &Serializer<u32>, key: u32) -> mpsc::Sender<()> {
 fn bad_configuration_is_a_build_error() {
     for (b, what) in [
         (Builder::<u8>::new().workers(0), "workers"),
-        (Builder::<u8>::new().workers(4).max_workers(2), "max_workers"),
+        (
+            Builder::<u8>::new().workers(4).max_workers(2),
+            "max_workers",
+        ),
         (Builder::<u8>::new().capacity(0), "capacity"),
         (Builder::<u8>::new().fairness_budget(0), "fairness_budget"),
     ] {
@@ -60,7 +63,10 @@ fn shutdown_runs_queued_tasks_and_rejects_new_ones() {
     assert_eq!(r.reason, RejectReason::Shutdown);
     let r = s.submit(1, || 5).unwrap_err();
     assert_eq!((r.task)(), 5, "the rejected task comes back intact");
-    assert!(!s.await_termination(Duration::from_millis(50)), "a task still blocks");
+    assert!(
+        !s.await_termination(Duration::from_millis(50)),
+        "a task still blocks"
+    );
     assert!(!s.is_terminated());
     drop(tx);
     assert!(s.await_termination(Duration::from_secs(10)));
@@ -95,7 +101,11 @@ fn shutdown_now_hands_back_exactly_the_unstarted_tasks() {
     assert_eq!(keys.iter().filter(|k| **k == Some(9)).count(), 1);
     drop(tx);
     assert!(s.await_termination(Duration::from_secs(10)));
-    assert_eq!(ran.load(Ordering::Relaxed), 0, "nothing handed back was run");
+    assert_eq!(
+        ran.load(Ordering::Relaxed),
+        0,
+        "nothing handed back was run"
+    );
     // Run half, drop the rest: their handles resolve accordingly.
     let mut run_keys = Vec::new();
     for (i, p) in pending.into_iter().enumerate() {
@@ -177,15 +187,24 @@ fn idle_keys_are_released_to_zero() {
         );
         // Keys come back when used again.
         assert_eq!(s.submit(3, || 3).unwrap().join().unwrap(), 3);
-        assert!(wait_until(Duration::from_secs(10), || s.stats().active_keys == 0));
+        assert!(wait_until(Duration::from_secs(10), || s
+            .stats()
+            .active_keys
+            == 0));
     }
 }
 
 #[test]
 fn try_submit_refuses_when_full_and_hands_the_task_back() {
-    let s = Builder::<u32>::new().workers(1).capacity(3).build().unwrap();
+    let s = Builder::<u32>::new()
+        .workers(1)
+        .capacity(3)
+        .build()
+        .unwrap();
     let tx = block_worker(&s, 0);
-    let hs: Vec<_> = (0..3).map(|i| s.try_submit(1, move || i).unwrap()).collect();
+    let hs: Vec<_> = (0..3)
+        .map(|i| s.try_submit(1, move || i).unwrap())
+        .collect();
     let r = s.try_submit(2, || 99).unwrap_err();
     assert_eq!(r.reason, RejectReason::Full);
     assert_eq!((r.task)(), 99);
@@ -198,7 +217,13 @@ fn try_submit_refuses_when_full_and_hands_the_task_back() {
 
 #[test]
 fn submit_blocks_while_full_and_resumes() {
-    let s = Arc::new(Builder::<u32>::new().workers(1).capacity(2).build().unwrap());
+    let s = Arc::new(
+        Builder::<u32>::new()
+            .workers(1)
+            .capacity(2)
+            .build()
+            .unwrap(),
+    );
     let tx = block_worker(&s, 0);
     s.execute(1, || ()).unwrap();
     s.execute(1, || ()).unwrap();
@@ -212,7 +237,13 @@ fn submit_blocks_while_full_and_resumes() {
 
 #[test]
 fn shutdown_wakes_blocked_submitters_with_shutdown() {
-    let s = Arc::new(Builder::<u32>::new().workers(1).capacity(1).build().unwrap());
+    let s = Arc::new(
+        Builder::<u32>::new()
+            .workers(1)
+            .capacity(1)
+            .build()
+            .unwrap(),
+    );
     let tx = block_worker(&s, 0);
     s.execute(1, || ()).unwrap();
     let s2 = s.clone();
@@ -225,12 +256,20 @@ fn shutdown_wakes_blocked_submitters_with_shutdown() {
 
 #[test]
 fn submit_from_inside_a_task_at_capacity_never_blocks() {
-    let s = Arc::new(Builder::<u32>::new().workers(1).capacity(1).build().unwrap());
+    let s = Arc::new(
+        Builder::<u32>::new()
+            .workers(1)
+            .capacity(1)
+            .build()
+            .unwrap(),
+    );
     let inner = s.clone();
     let h = s
         .submit(1, move || {
             // The serializer is at capacity after the first of these; none may block.
-            let hs: Vec<_> = (0..10).map(|i| inner.submit(2, move || i).unwrap()).collect();
+            let hs: Vec<_> = (0..10)
+                .map(|i| inner.submit(2, move || i).unwrap())
+                .collect();
             hs.len()
         })
         .unwrap();
@@ -283,7 +322,10 @@ fn submit_distinct_keeps_the_first_until_it_starts() {
     let s = Builder::<u32>::new().workers(1).build().unwrap();
     let tx = block_worker(&s, 0);
     let first = s.submit_distinct(1, || 1).unwrap();
-    assert_eq!(s.submit_distinct(1, || 2).unwrap_err().reason, RejectReason::Duplicate);
+    assert_eq!(
+        s.submit_distinct(1, || 2).unwrap_err().reason,
+        RejectReason::Duplicate
+    );
     let other_key = s.submit_distinct(2, || 3).unwrap();
     drop(tx);
     assert_eq!(first.join().unwrap(), 1);
@@ -293,7 +335,13 @@ fn submit_distinct_keeps_the_first_until_it_starts() {
 
 #[test]
 fn a_hot_key_cannot_starve_a_cold_key() {
-    let s = Arc::new(Builder::<u32>::new().workers(1).fairness_budget(8).build().unwrap());
+    let s = Arc::new(
+        Builder::<u32>::new()
+            .workers(1)
+            .fairness_budget(8)
+            .build()
+            .unwrap(),
+    );
     let tx = block_worker(&s, 99);
     let hot_done = Arc::new(AtomicUsize::new(0));
     for _ in 0..10_000 {
@@ -306,7 +354,8 @@ fn a_hot_key_cannot_starve_a_cold_key() {
     }
     let cold = {
         let hot_done = hot_done.clone();
-        s.submit(2, move || hot_done.load(Ordering::Relaxed)).unwrap()
+        s.submit(2, move || hot_done.load(Ordering::Relaxed))
+            .unwrap()
     };
     drop(tx);
     let hot_before_cold = cold.join().unwrap();
@@ -350,7 +399,11 @@ fn dropping_the_serializer_runs_queued_tasks_and_joins() {
 
 #[test]
 fn worker_threads_are_named() {
-    let s = Builder::<u32>::new().workers(2).thread_name("pay").build().unwrap();
+    let s = Builder::<u32>::new()
+        .workers(2)
+        .thread_name("pay")
+        .build()
+        .unwrap();
     let name = s
         .submit(1, || std::thread::current().name().map(str::to_string))
         .unwrap()

@@ -83,7 +83,10 @@ fn four_producers_200k_tasks_10k_keys_in_order_nothing_lost() {
         p.join().unwrap();
     }
     let total = PRODUCERS * PER_PRODUCER;
-    assert!(wait_until(Duration::from_secs(60), || checker.ran.load(Ordering::Relaxed) == total));
+    assert!(wait_until(Duration::from_secs(60), || checker
+        .ran
+        .load(Ordering::Relaxed)
+        == total));
     assert_eq!(checker.violations.load(Ordering::Relaxed), 0);
     assert_eq!(s.stats().completed, total as u64);
     s.shutdown();
@@ -93,7 +96,9 @@ fn four_producers_200k_tasks_10k_keys_in_order_nothing_lost() {
 #[test]
 fn submit_handles_return_values_in_order() {
     let s: Serializer<&str> = Builder::new().workers(2).build().unwrap();
-    let handles: Vec<_> = (0..1000).map(|i| s.submit("k", move || i).unwrap()).collect();
+    let handles: Vec<_> = (0..1000)
+        .map(|i| s.submit("k", move || i).unwrap())
+        .collect();
     for (i, h) in handles.into_iter().enumerate() {
         assert_eq!(h.join().unwrap(), i);
     }
@@ -127,7 +132,11 @@ fn blocked_worker_with_elastic_pool_starts_an_extra_worker() {
     let blocked = s.submit(1, move || rx.recv().unwrap()).unwrap();
     assert!(wait_until(Duration::from_secs(5), || s.stats().running == 1));
     let other = s.submit(2, || 2).unwrap();
-    assert_eq!(other.join().unwrap(), 2, "key 2 must run while key 1 blocks the only core worker");
+    assert_eq!(
+        other.join().unwrap(),
+        2,
+        "key 2 must run while key 1 blocks the only core worker"
+    );
     assert!(s.stats().workers >= 2);
     tx.send(()).unwrap();
     blocked.join().unwrap();

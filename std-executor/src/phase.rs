@@ -1,0 +1,136 @@
+//! A worker's phase word: lets `shutdown_now` take the queue behind a running task without
+//! waiting for the task, and without ever taking a task the worker is about to run.
+//!
+//! # States
+//!
+//! ```text
+//!  bits 0..2  IDLE (0)    the worker holds no chain
+//!             BUSY (1)    searching, or holding a chain between tasks (touching its queue)
+//!             RUNNING (2) inside a user task; the chain's queue is untouched and may be taken
+//!  bit 2      STOLEN      shutdown_now took the chain while the worker was RUNNING
+//!  bit 3      STOP        shutdown_now was called
+//! ```
+//!
+//! Every transition is an RMW on this word:
+//!
+//! | transition | by | when `STOP` is set |
+//! |---|---|---|
+//! | `IDLE -> BUSY` (CAS) | worker, before searching | fails: the worker exits |
+//! | `BUSY -> RUNNING` (CAS) | worker, before a task | fails: the worker hands back that task and its chain's queue itself |
+//! | `RUNNING -> BUSY` (CAS loop, keeps flags) | worker, after a task | reports `STOLEN` (do not touch the chain) or `STOP` (hand back the queue) |
+//! | `-> IDLE` (`fetch_and`, keeps flags) | worker, holding nothing | — |
+//! | `fetch_or(STOP)`, then `RUNNING -> RUNNING|STOLEN` (CAS) | `shutdown_now` | — |
+//!
+//! `shutdown_now` sets `STOP` and then waits while the worker is `BUSY` (which runs no user code
+//! beyond dropping a superseded closure or waking a handle's waker). It ends up seeing either
+//! `IDLE` (the worker holds nothing, and has handed back what it held before going `IDLE`) or
+//! `RUNNING`, where its CAS to `STOLEN` gives it the chain: the worker's next transition sees
+//! `STOLEN` and leaves the chain alone. If the worker leaves `RUNNING` first, the CAS fails and
+//! `shutdown_now` waits for `BUSY` to end as above. So each queued task is handed back by exactly
+//! one of them, and none is both run and handed back. The `RUNNING` transition is a release and
+//! the stealing CAS an acquire: the thief sees the chain's queue as the worker left it.
+
+use crate::sync::{AtomicU8, Ordering};
+
+const IDLE: u8 = 0;
+const BUSY: u8 = 1;
+const RUNNING: u8 = 2;
+const MASK: u8 = 0b11;
+const STOLEN: u8 = 1 << 2;
+const STOP: u8 = 1 << 3;
+
+/// What a worker must do after a task (see [`Phase::leave_running`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterTask {
+    /// Go on with the chain.
+    Continue,
+    /// `shutdown_now` took the chain: do not touch it.
+    Stolen,
+    /// `shutdown_now` is waiting: hand back the chain's queue, then go idle.
+    HandBack,
+}
+
+/// What [`Phase::stop`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// The worker holds nothing (and has handed back whatever it held).
+    Idle,
+    /// The worker is inside a task; the caller now owns the chain it was running.
+    Stole,
+}
+
+/// One worker's phase word (see the [module docs](self)).
+#[derive(Debug, Default)]
+pub struct Phase(AtomicU8);
+
+impl Phase {
+    /// A phase word in `IDLE`.
+    pub fn new() -> Phase {
+        Phase(AtomicU8::new(IDLE))
+    }
+
+    /// Worker: `IDLE -> BUSY`. `false` once stopped.
+    pub fn enter_busy(&self) -> bool {
+        self.0
+            .compare_exchange(IDLE, BUSY, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Worker: back to `IDLE`, holding nothing. Returns `true` if `STOP` is set.
+    pub fn leave_busy(&self) -> bool {
+        self.0.fetch_and(!MASK, Ordering::AcqRel) & STOP != 0
+    }
+
+    /// Worker: `BUSY -> RUNNING` before a task (release: publishes the chain's queue). `false`
+    /// if stopped: the worker must hand back the task and the chain's queue itself.
+    pub fn enter_running(&self) -> bool {
+        self.0
+            .compare_exchange(BUSY, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Worker: `RUNNING -> BUSY` after a task, keeping the flags.
+    pub fn leave_running(&self) -> AfterTask {
+        let mut cur = self.0.load(Ordering::Acquire);
+        loop {
+            let new = (cur & !MASK) | BUSY;
+            match self
+                .0
+                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(prev) if prev & STOLEN != 0 => return AfterTask::Stolen,
+                Ok(prev) if prev & STOP != 0 => return AfterTask::HandBack,
+                Ok(_) => return AfterTask::Continue,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// `shutdown_now`: stops the worker; waits while it is `BUSY`; steals its chain if it is
+    /// inside a task.
+    pub fn stop(&self) -> Stopped {
+        let mut cur = self.0.fetch_or(STOP, Ordering::AcqRel) | STOP;
+        let backoff = crossbeam_utils::Backoff::new();
+        loop {
+            match cur & MASK {
+                RUNNING if cur & STOLEN == 0 => {
+                    match self.0.compare_exchange(
+                        cur,
+                        cur | STOLEN,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => return Stopped::Stole,
+                        Err(actual) => cur = actual,
+                    }
+                }
+                BUSY => {
+                    crate::sync::snooze(&backoff);
+                    cur = self.0.load(Ordering::Acquire);
+                }
+                // IDLE, or RUNNING already stolen (a second stop).
+                _ => return Stopped::Idle,
+            }
+        }
+    }
+}
