@@ -13,6 +13,7 @@ use keyserial_core::table::{Entry, Retire, Table};
 
 use crate::capacity::Capacity;
 use crate::gate::Gate;
+use crate::idle::IdleWord;
 use crate::phase::Phase;
 use crate::sleep::Sleep;
 use crate::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
@@ -24,8 +25,8 @@ pub(crate) struct KeyState {
     pub(crate) chain: Chain<Header>,
     /// A `submit_distinct` task of this key is queued and not started.
     pub(crate) distinct: AtomicBool,
-    /// Idle bookkeeping: `(release tick << 1) | QUEUED` (see `idle.rs`).
-    pub(crate) idle: AtomicU64,
+    /// Idle bookkeeping (see `idle.rs`).
+    pub(crate) idle: IdleWord,
     /// The worker slot that last ran this key (affinity hint).
     pub(crate) last_worker: AtomicUsize,
 }
@@ -35,7 +36,7 @@ impl KeyState {
         KeyState {
             chain: Chain::new(),
             distinct: AtomicBool::new(false),
-            idle: AtomicU64::new(0),
+            idle: IdleWord::new(),
             last_worker: AtomicUsize::new(worker),
         }
     }
