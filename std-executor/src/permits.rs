@@ -5,7 +5,8 @@
 //!
 //! The worker that owns a chain pops a permit-gated task. If `try_acquire` succeeds, it runs the
 //! task holding the permits. Otherwise it puts the task back at the front (`unpop`), records a
-//! [`Wait`] (state `WAITING`) in the serializer's registry, and calls `acquire_with`; from that
+//! [`Wait`] (state `WAITING`) in the serializer's registry, and calls the semaphore's cancellable
+//! `acquire_with`; from that
 //! call on, the chain's `ACTIVE` baton belongs to the wait, and the worker never touches the chain
 //! again. Pushes to the key keep queueing behind the parked task (the chain stays `ACTIVE`, so
 //! nobody schedules it), while other keys keep running.
@@ -14,8 +15,9 @@
 //!
 //! - the **grant callback** (`WAITING -> GRANTED`): stores the permit in the head task, schedules
 //!   the chain on a ready queue, then marks the wait `QUEUED` and removes it from the registry;
-//! - **`shutdown_now`** (`WAITING -> STOLEN`): drains the chain and hands its tasks back; a grant
-//!   arriving later finds `STOLEN` and just drops the permit (returning it to the semaphore).
+//! - **`shutdown_now`** (`WAITING -> STOLEN`): withdraws the semaphore request, drains the chain
+//!   and hands its tasks back; a grant already on its way finds `STOLEN` and just drops the
+//!   permit (returning it to the semaphore).
 //!
 //! If `shutdown_now` finds `GRANTED`, it waits for `QUEUED` (the callback runs no user code in
 //! between) and then finds the chain on a ready queue. A closed semaphore resolves the head task as
@@ -25,9 +27,9 @@ use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::{Arc, Weak};
 
-use crate::semaphore::{AcquireError, Permit};
+use crate::semaphore::{AcquireError, Permit, WaiterToken};
 use crate::shared::{KeyEntry, Runnable, Shared};
-use crate::sync::{lock, AtomicU8, Ordering};
+use crate::sync::{lock, AtomicU8, Mutex, Ordering};
 use crate::task::{Abandon, TaskRef};
 
 const WAITING: u8 = 0;
@@ -38,6 +40,8 @@ const STOLEN: u8 = 3;
 pub(crate) struct Wait<K> {
     state: AtomicU8,
     entry: NonNull<KeyEntry<K>>,
+    /// The semaphore-side request, so `shutdown_now` can withdraw it from the queue.
+    token: Mutex<Option<WaiterToken>>,
 }
 
 // SAFETY: the entry pointer is only dereferenced by whoever holds the chain's baton (decided by
@@ -103,6 +107,7 @@ where
             let wait = Arc::new(Wait {
                 state: AtomicU8::new(WAITING),
                 entry,
+                token: Mutex::new(None),
             });
             let id = {
                 let mut w = lock(&shared.permit_waits);
@@ -113,7 +118,12 @@ where
             };
             let weak = Arc::downgrade(shared);
             // From here on the baton belongs to the wait.
-            sem.acquire_with(n, move |res| on_grant(weak, id, wait, res));
+            let w = wait.clone();
+            if let Some(token) =
+                sem.acquire_with_cancellable(n, move |res| on_grant(weak, id, w, res))
+            {
+                *lock(&wait.token) = Some(token);
+            }
             Gate::Parked
         }
     }
@@ -185,6 +195,11 @@ pub(crate) fn steal_all<K>(shared: &Shared<K>) -> Vec<NonNull<KeyEntry<K>>> {
         {
             Ok(_) => {
                 lock(&shared.permit_waits).map.remove(&id);
+                // Withdraw the request so it does not hold up the semaphore's queue. If the grant
+                // is already on its way, its callback finds STOLEN and returns the permits.
+                if let Some(token) = lock(&w.token).take() {
+                    token.cancel();
+                }
                 stolen.push(w.entry);
             }
             Err(_) => {
