@@ -113,8 +113,11 @@ pub(crate) fn drop_payload(payload: Box<dyn Any + Send>) {
     let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
 }
 
+/// Runs a node's job, given the permits it holds and the completion hook.
+type RunFn = unsafe fn(NonNull<Header>, Option<Permit>, &dyn Fn(bool)) -> bool;
+
 struct VTable {
-    run: unsafe fn(NonNull<Header>, Option<Permit>, &dyn Fn(bool)) -> bool,
+    run: RunFn,
     abandon: unsafe fn(NonNull<Header>, Abandon),
     permits: unsafe fn(NonNull<Header>) -> Option<(Semaphore, usize)>,
 }
