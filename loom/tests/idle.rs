@@ -70,13 +70,20 @@ fn release_racing_the_reaper_never_forgets_or_doubles_a_key() {
         let n = items.load(Ordering::Acquire);
         assert!(n <= 1, "two idle items for one key");
         let (r, b) = (ran.load(Ordering::Acquire), bounced.load(Ordering::Acquire));
-        assert_eq!(r + b as usize, 1, "the task ran once or bounced to a fresh chain");
+        assert_eq!(
+            r + b as usize,
+            1,
+            "the task ran once or bounced to a fresh chain"
+        );
         if chain.is_retired() {
             assert_eq!(outcome, Reap::Retired);
             assert_eq!(n, 0, "a retired key keeps no item");
         } else {
             assert!(chain.is_idle(), "nothing is left running");
-            assert_eq!(n, 1, "an idle key must have its item (else it is never released)");
+            assert_eq!(
+                n, 1,
+                "an idle key must have its item (else it is never released)"
+            );
         }
     });
 }

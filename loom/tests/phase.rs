@@ -83,7 +83,11 @@ fn shutdown_now_takes_the_queue_behind_a_running_task_exactly_once() {
         );
 
         let (r, h) = (ran.load(Ordering::Acquire), handed.load(Ordering::Acquire));
-        assert_eq!(r & h, 0, "a task both ran and was handed back: ran {r:b} handed {h:b}");
+        assert_eq!(
+            r & h,
+            0,
+            "a task both ran and was handed back: ran {r:b} handed {h:b}"
+        );
         assert_eq!(r | h, 0b11, "a task was lost: ran {r:b} handed {h:b}");
     });
 }

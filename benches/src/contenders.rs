@@ -1,0 +1,160 @@
+//! The rows of every table: keyserial and each baseline, built on demand.
+//!
+//! [`KeyedExecutor`] has a generic `submit`, so it is not object-safe; code that runs "each
+//! contender" passes a [`Visit`]or, which [`Contender::visit`] calls with a freshly built executor of
+//! the concrete type (dropped, threads joined, when the visit returns).
+
+use crate::exec::KeyedExecutor;
+use crate::inline::Inline;
+use crate::keyserial_exec::KeyserialExec;
+use crate::lanes::Lanes;
+use crate::striped::Striped;
+use crate::thread_per_key::ThreadPerKey;
+use crate::tokio_actor::TokioActor;
+use crate::unordered::Unordered;
+use crate::workloads::Workload;
+
+/// Largest number of keys thread-per-key is run with (one OS thread each).
+pub const THREAD_PER_KEY_MAX: usize = 1_024;
+
+/// Something to do with an executor of any type.
+pub trait Visit {
+    /// The result.
+    type Out;
+    /// Does it with `exec`.
+    fn visit<E: KeyedExecutor>(self, exec: &E) -> Self::Out;
+}
+
+/// One contender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Contender {
+    /// keyserial's `Serializer<u64>` (see `keyserial_exec`).
+    Keyserial,
+    /// Tasks run inside `submit` on the submitting thread.
+    Inline,
+    /// An OS thread per key.
+    ThreadPerKey,
+    /// Keys hashed onto `workers` single-thread lanes.
+    Lanes1x,
+    /// Keys hashed onto `4 × workers` single-thread lanes.
+    Lanes4x,
+    /// Global `Mutex<HashMap<K, VecDeque<Task>>>` and a pool.
+    Striped,
+    /// A tokio actor per key.
+    TokioActor,
+    /// A plain pool on one channel (not a serializer).
+    Unordered,
+}
+
+impl Contender {
+    /// The baselines, in table order.
+    pub const BASELINES: [Contender; 7] = [
+        Contender::Inline,
+        Contender::ThreadPerKey,
+        Contender::Lanes1x,
+        Contender::Lanes4x,
+        Contender::Striped,
+        Contender::TokioActor,
+        Contender::Unordered,
+    ];
+
+    /// Every contender this build can run, keyserial first when it is built in.
+    pub fn all() -> Vec<Contender> {
+        let mut v = Vec::new();
+        if Self::keyserial_available() {
+            v.push(Contender::Keyserial);
+        }
+        v.extend(Self::BASELINES);
+        v
+    }
+
+    /// Whether the keyserial adapter is part of this build.
+    pub fn keyserial_available() -> bool {
+        KEYSERIAL
+    }
+
+    /// Stable id (table row, criterion benchmark id, JSON).
+    pub fn id(self) -> &'static str {
+        match self {
+            Contender::Keyserial => "keyserial",
+            Contender::Inline => "inline",
+            Contender::ThreadPerKey => "thread_per_key",
+            Contender::Lanes1x => "lanes_1x",
+            Contender::Lanes4x => "lanes_4x",
+            Contender::Striped => "striped",
+            Contender::TokioActor => "tokio_actor",
+            Contender::Unordered => "unordered",
+        }
+    }
+
+    /// Parses an id.
+    pub fn from_id(id: &str) -> Option<Contender> {
+        Self::BASELINES
+            .into_iter()
+            .chain([Contender::Keyserial])
+            .find(|c| c.id() == id)
+    }
+
+    /// One line on what the contender is, for the legend.
+    pub fn describe(self, workers: usize) -> String {
+        match self {
+            Contender::Keyserial => format!("keyserial::Serializer<u64>, {workers} workers, execute()"),
+            Contender::Inline => "each task run inside submit() on the submitting thread (the work's own cost)".into(),
+            Contender::ThreadPerKey => "one OS thread + crossbeam channel per key".into(),
+            Contender::Lanes1x => format!("key hash onto {workers} single-thread lanes (crossbeam channel each)"),
+            Contender::Lanes4x => format!("key hash onto {} single-thread lanes", 4 * workers),
+            Contender::Striped => format!(
+                "global Mutex<HashMap<key, VecDeque<task>>> + {workers} workers (StripedExecutorService design)"
+            ),
+            Contender::TokioActor => format!(
+                "tokio actor per key (unbounded mpsc + spawned task), {workers} runtime workers"
+            ),
+            Contender::Unordered => format!(
+                "{workers} workers on one crossbeam channel, no order (floor of a handoff)"
+            ),
+        }
+    }
+
+    /// Whether the contender promises per-key order (the unordered pool does not).
+    pub fn is_ordered(self) -> bool {
+        self != Contender::Unordered
+    }
+
+    /// Why the contender is not run on `w`, if it is not.
+    pub fn skip_reason(self, w: &Workload) -> Option<String> {
+        match self {
+            Contender::ThreadPerKey if w.keys() > THREAD_PER_KEY_MAX => {
+                Some(format!("skipped ({} threads)", w.keys()))
+            }
+            Contender::Keyserial if !KEYSERIAL => Some("not built".into()),
+            _ => None,
+        }
+    }
+
+    /// Builds the contender with `workers` pool threads and hands it to `v`.
+    pub fn visit<V: Visit>(self, workers: usize, v: V) -> V::Out {
+        let workers = workers.max(1);
+        match self {
+            Contender::Keyserial => visit_keyserial(workers, v),
+            Contender::Inline => v.visit(&Inline::new()),
+            Contender::ThreadPerKey => v.visit(&ThreadPerKey::new()),
+            Contender::Lanes1x => v.visit(&Lanes::new("lanes_1x", workers)),
+            Contender::Lanes4x => v.visit(&Lanes::new("lanes_4x", 4 * workers)),
+            Contender::Striped => v.visit(&Striped::new(workers)),
+            Contender::TokioActor => v.visit(&TokioActor::new(workers)),
+            Contender::Unordered => v.visit(&Unordered::new(workers)),
+        }
+    }
+}
+
+// Whether the keyserial row is built in (it is; kept as a switch for builds of the baselines alone).
+const KEYSERIAL: bool = true;
+
+fn visit_keyserial<V: Visit>(workers: usize, v: V) -> V::Out {
+    v.visit(&KeyserialExec::new(workers))
+}
+
+/// The number of pool threads to use by default: the machine's available parallelism.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}

@@ -1,0 +1,64 @@
+//! The keyserial row: an adapter from [`KeyedExecutor`] to `keyserial::Serializer<u64>`.
+//!
+//! It uses only the public API contract (DESIGN.md section 3): `Serializer::builder().workers(n)
+//! .build()` and `execute(key, closure)`. The closure is passed on as it is, wrapped only to count
+//! its completion: no `Box` (keyserial's own allocation per task is part of what is measured).
+//! Waiting for idle uses the same [`Completion`] counters as every baseline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keyserial::Serializer;
+
+use crate::exec::{Completion, KeyedExecutor, StaticRef};
+
+/// keyserial's `Serializer<u64>` behind the comparison trait.
+pub struct KeyserialExec {
+    // Declared first, so dropped first: dropping the serializer runs or drops every queued task
+    // and joins the workers, after which nothing uses `done` through a `StaticRef`.
+    ser: Serializer<u64>,
+    done: Arc<Completion>,
+}
+
+impl KeyserialExec {
+    /// A serializer with `workers` worker threads (everything else at its defaults).
+    pub fn new(workers: usize) -> Self {
+        let ser = Serializer::<u64>::builder()
+            .workers(workers)
+            .build()
+            .expect("valid builder settings");
+        KeyserialExec {
+            ser,
+            done: Arc::new(Completion::new()),
+        }
+    }
+}
+
+impl KeyedExecutor for KeyserialExec {
+    fn name(&self) -> String {
+        "keyserial".into()
+    }
+
+    #[inline]
+    fn submit<F>(&self, key: u64, task: F)
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        self.done.submitted();
+        // SAFETY: `done` is heap-allocated (stable address) and outlives every task: the
+        // serializer, which owns the tasks, is dropped before it (field order).
+        let done = unsafe { StaticRef::new(&*self.done) };
+        if let Err(rejected) = self.ser.execute(key, move || {
+            task();
+            done.completed();
+        }) {
+            // Not run: count it as finished so `wait_idle` returns; the checker reports it lost.
+            drop(rejected);
+            self.done.completed();
+        }
+    }
+
+    fn wait_idle(&self, timeout: Duration) -> bool {
+        self.done.wait(timeout)
+    }
+}

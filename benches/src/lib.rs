@@ -1,0 +1,28 @@
+//! Benchmarks of keyserial against what one would otherwise write.
+//!
+//! - [`exec`]: the [`KeyedExecutor`](exec::KeyedExecutor) trait every contender implements, and
+//!   the shared completion counter.
+//! - The contenders: [`keyserial_exec`] (keyserial itself), [`inline`] (the work's own cost), [`thread_per_key`], [`lanes`] (keys hashed
+//!   onto single-thread workers), [`striped`] (a global `Mutex<HashMap<K, VecDeque<Task>>>` and a
+//!   pool), [`tokio_actor`] (an actor per key), [`unordered`] (a plain pool: the floor of a handoff,
+//!   not a serializer).
+//! - [`workloads`]: W1–W6, every task checked by the [`checker`] for per-key order and overlap.
+//! - [`zipf`], [`rss`], [`work`]: the samplers and task bodies the workloads use.
+//!
+//! The `compare` binary runs everything and prints the tables; `benches/` holds the criterion
+//! suite.
+
+pub mod checker;
+pub mod contenders;
+pub mod exec;
+pub mod inline;
+pub mod keyserial_exec;
+pub mod lanes;
+pub mod rss;
+pub mod striped;
+pub mod thread_per_key;
+pub mod tokio_actor;
+pub mod unordered;
+pub mod work;
+pub mod workloads;
+pub mod zipf;

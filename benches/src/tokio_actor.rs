@@ -1,0 +1,92 @@
+//! Baseline: a tokio actor per key.
+//!
+//! Each key gets an unbounded `tokio::sync::mpsc` channel and a spawned task that receives and runs
+//! the key's tasks in order; a sharded `Mutex<HashMap<u64, UnboundedSender>>` finds a key's sender
+//! (created, with its actor, on the key's first task). The runtime has `worker_threads = workers`.
+//! Tasks are plain closures run on the runtime's workers, as they would be in an application that
+//! moved its per-key work onto tokio. Actors live until the executor is dropped (the map never
+//! shrinks), which is what a straightforward version does; it costs a task and a channel per key.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+use tokio::runtime::Runtime;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+
+use crate::exec::{bucket, Completion, KeyMap, KeyedExecutor, Task};
+
+const SHARDS: usize = 64;
+
+/// One shard of the key → actor map.
+type Shard = CachePadded<Mutex<KeyMap<UnboundedSender<Task>>>>;
+
+/// An actor (channel + spawned task) per key on a multi-thread tokio runtime.
+pub struct TokioActor {
+    shards: Box<[Shard]>,
+    done: Arc<Completion>,
+    rt: Option<Runtime>,
+}
+
+impl TokioActor {
+    /// A runtime with `workers` worker threads.
+    pub fn new(workers: usize) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .thread_name("tokio-actor")
+            .build()
+            .expect("tokio runtime");
+        TokioActor {
+            shards: (0..SHARDS)
+                .map(|_| CachePadded::new(Mutex::new(KeyMap::default())))
+                .collect(),
+            done: Arc::new(Completion::new()),
+            rt: Some(rt),
+        }
+    }
+}
+
+impl KeyedExecutor for TokioActor {
+    fn name(&self) -> String {
+        "tokio_actor".into()
+    }
+
+    fn submit<F>(&self, key: u64, task: F)
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        self.done.submitted();
+        let task: Task = Box::new(task);
+        let mut shard = self.shards[bucket(key, SHARDS)].lock().unwrap();
+        let tx = shard.entry(key).or_insert_with(|| {
+            let (tx, mut rx) = unbounded_channel::<Task>();
+            let done = self.done.clone();
+            let rt = self.rt.as_ref().expect("runtime alive while submitting");
+            rt.spawn(async move {
+                while let Some(task) = rx.recv().await {
+                    task();
+                    done.completed();
+                }
+            });
+            tx
+        });
+        if tx.send(task).is_err() {
+            self.done.completed();
+        }
+    }
+
+    fn wait_idle(&self, timeout: Duration) -> bool {
+        self.done.wait(timeout)
+    }
+}
+
+impl Drop for TokioActor {
+    fn drop(&mut self) {
+        for shard in self.shards.iter() {
+            shard.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(Duration::from_secs(30));
+        }
+    }
+}

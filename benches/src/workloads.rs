@@ -1,0 +1,778 @@
+//! The workloads W1–W6, generic over the executor.
+//!
+//! Every task of every workload goes through the [`Checker`]: per key and submitting thread it must
+//! start in submission order, never while another task of its key runs, and the tasks run must add
+//! up to the tasks submitted. Times are wall times from the first submit to the moment
+//! [`KeyedExecutor::wait_idle`] sees the last task finished.
+//!
+//! | id | what |
+//! |---|---|
+//! | `w1_gatling` | 16 keys × 50,000 tasks, round-robin; each task does 1,000 relaxed `fetch_add`s on a task-local atomic and bumps its key's counter (GatlingExecutor's own benchmark). Wall time. |
+//! | `w2_overhead` | 1,000 keys × 1,000 empty tasks, round-robin, one submitting thread. Tasks/s. |
+//! | `w3_many_keys` | 1,000,000 distinct keys × 1 empty task. Tasks/s and the peak RSS growth during the run. |
+//! | `w4_head_of_line` | 1 slow key (100 tasks sleeping 5 ms each) interleaved with 1,000 fast keys × 20 empty tasks, all submitted at once. p50/p99/max submit-to-start latency of the fast tasks. |
+//! | `w5_skew` | 2,000,000 tasks of ~1 µs on Zipf(1.1)-distributed keys over 100,000 keys, from 2 submitting threads at once. Tasks/s and submit-to-start latency. |
+//! | `w6_scale_*` | W2's shape (empty tasks, round-robin, one submitter) over 1 k, 100 k and 1 M distinct keys, 2 M tasks each (at least 2 per key): how the cost per task grows with the number of keys in play. |
+//!
+//! Those are the sizes ([`Size::Full`]); [`Size::Default`] cuts W1, W5 and W6 so that the
+//! compare program's default run stays near 2 minutes on 2 cores.
+//!
+//! Submission is a burst (as fast as the submitter can go), so latencies include queueing behind
+//! earlier tasks; what W4 shows is whose fast tasks wait behind the slow key.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use crate::checker::{Checker, MAX_LANES};
+use crate::exec::{KeyedExecutor, OrderGuarantee, StaticRef};
+use crate::rss::RssSampler;
+use crate::work;
+use crate::zipf::{XorShift, Zipf};
+
+/// How a metric is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// A duration in nanoseconds.
+    Nanos,
+    /// A rate per second.
+    PerSec,
+    /// A number of bytes.
+    Bytes,
+}
+
+/// One column of a workload's table.
+#[derive(Clone, Copy, Debug)]
+pub struct Metric {
+    /// Stable key (JSON field).
+    pub key: &'static str,
+    /// Column header.
+    pub header: &'static str,
+    /// Unit of the values.
+    pub unit: Unit,
+    /// Whether a larger value is better.
+    pub higher_is_better: bool,
+}
+
+const WALL: Metric = Metric {
+    key: "wall_ns",
+    header: "wall time",
+    unit: Unit::Nanos,
+    higher_is_better: false,
+};
+const RATE: Metric = Metric {
+    key: "tasks_per_s",
+    header: "tasks/s",
+    unit: Unit::PerSec,
+    higher_is_better: true,
+};
+const RSS: Metric = Metric {
+    key: "peak_rss_bytes",
+    header: "peak RSS +",
+    unit: Unit::Bytes,
+    higher_is_better: false,
+};
+const P50: Metric = Metric {
+    key: "latency_p50_ns",
+    header: "p50 latency",
+    unit: Unit::Nanos,
+    higher_is_better: false,
+};
+const P99: Metric = Metric {
+    key: "latency_p99_ns",
+    header: "p99 latency",
+    unit: Unit::Nanos,
+    higher_is_better: false,
+};
+const MAX: Metric = Metric {
+    key: "latency_max_ns",
+    header: "max latency",
+    unit: Unit::Nanos,
+    higher_is_better: false,
+};
+
+/// How big to make the workloads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Size {
+    /// The exact sizes (the compare program's `--full`; several minutes on 2 cores).
+    Full,
+    /// The compare program's default (about 2 minutes on 2 cores): the sizes, except W1
+    /// (16 × 5,000 tasks), W5 (200 k tasks) and W6 (1 M tasks per point).
+    Default,
+    /// The compare program's `--quick`.
+    Quick,
+    /// The criterion suite's sizes.
+    Bench,
+    /// Smoke-test sizes.
+    Tiny,
+}
+
+/// A workload and its size.
+#[derive(Clone, Debug)]
+pub enum Workload {
+    /// W1: `keys` × `tasks_per_key` tasks, round-robin, `adds` relaxed `fetch_add`s each.
+    Gatling {
+        /// Number of keys.
+        keys: u64,
+        /// Tasks per key.
+        tasks_per_key: u32,
+        /// `fetch_add`s per task.
+        adds: u32,
+    },
+    /// W2 (and W6): `keys` × `tasks_per_key` empty tasks, round-robin, one submitter.
+    Overhead {
+        /// Number of keys.
+        keys: u64,
+        /// Tasks per key.
+        tasks_per_key: u32,
+        /// `true` for a W6 point (only changes the id and title).
+        scale: bool,
+    },
+    /// W3: `keys` distinct keys, one empty task each; tasks/s and peak RSS growth.
+    ManyKeys {
+        /// Number of keys.
+        keys: u64,
+    },
+    /// W4: one slow key interleaved with many fast keys.
+    HeadOfLine {
+        /// Tasks of the slow key.
+        slow_tasks: u32,
+        /// How long each slow task sleeps.
+        slow_sleep: Duration,
+        /// Number of fast keys.
+        fast_keys: u64,
+        /// Empty tasks per fast key.
+        fast_tasks_per_key: u32,
+    },
+    /// W5: Zipf-distributed keys from several submitting threads.
+    Skew {
+        /// Number of keys.
+        keys: usize,
+        /// Total tasks (split evenly over the submitters).
+        tasks: u64,
+        /// Submitting threads (at most [`MAX_LANES`]).
+        submitters: usize,
+        /// Zipf exponent.
+        exponent: f64,
+        /// Work per task.
+        work: Duration,
+    },
+}
+
+/// What one run of a workload measured.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// Wall time from the first submit to the last finish.
+    pub elapsed: Duration,
+    /// Tasks submitted.
+    pub expected: u64,
+    /// Tasks the checker saw run.
+    pub ran: u64,
+    /// Order or overlap violations the checker saw.
+    pub violations: u64,
+    /// Whether `wait_idle` returned before its timeout.
+    pub finished: bool,
+    /// One value per [`Workload::metrics`] entry.
+    pub values: Vec<f64>,
+}
+
+impl Outcome {
+    /// Every submitted task ran exactly once and the executor went idle in time.
+    pub fn all_ran(&self) -> bool {
+        self.finished && self.ran == self.expected
+    }
+}
+
+fn fmt_count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{}k", n / 1_000),
+        n => n.to_string(),
+    }
+}
+
+impl Workload {
+    /// W1 (`Full`: the 16 × 50,000 tasks of 1,000 `fetch_add`s).
+    pub fn w1(size: Size) -> Self {
+        let (keys, tasks_per_key, adds) = match size {
+            Size::Full => (16, 50_000, 1_000),
+            Size::Default => (16, 5_000, 1_000),
+            Size::Quick => (16, 1_000, 1_000),
+            Size::Bench => (16, 1_000, 1_000),
+            Size::Tiny => (4, 50, 10),
+        };
+        Workload::Gatling {
+            keys,
+            tasks_per_key,
+            adds,
+        }
+    }
+
+    /// W2 (`Full`: 1,000 keys × 1,000 empty tasks).
+    pub fn w2(size: Size) -> Self {
+        let (keys, tasks_per_key) = match size {
+            Size::Full | Size::Default => (1_000, 1_000),
+            Size::Quick => (1_000, 200),
+            Size::Bench => (1_000, 20),
+            Size::Tiny => (10, 20),
+        };
+        Workload::Overhead {
+            keys,
+            tasks_per_key,
+            scale: false,
+        }
+    }
+
+    /// W3 (`Full`: 1,000,000 keys × 1 task).
+    pub fn w3(size: Size) -> Self {
+        let keys = match size {
+            Size::Full | Size::Default => 1_000_000,
+            Size::Quick => 200_000,
+            Size::Bench => 20_000,
+            Size::Tiny => 500,
+        };
+        Workload::ManyKeys { keys }
+    }
+
+    /// W4 (`Full`: 1 slow key of 100 × 5 ms among 1,000 fast keys × 20 empty tasks).
+    pub fn w4(size: Size) -> Self {
+        let (slow_tasks, ms, fast_keys, fast_tasks_per_key) = match size {
+            Size::Full | Size::Default => (100, 5, 1_000, 20),
+            Size::Quick => (20, 5, 1_000, 5),
+            Size::Bench => (10, 1, 200, 5),
+            Size::Tiny => (3, 1, 20, 3),
+        };
+        Workload::HeadOfLine {
+            slow_tasks,
+            slow_sleep: Duration::from_millis(ms),
+            fast_keys,
+            fast_tasks_per_key,
+        }
+    }
+
+    /// W5 (`Full`: 2 M tasks of ~1 µs, Zipf(1.1) over 100,000 keys, 2 submitters).
+    pub fn w5(size: Size) -> Self {
+        let (keys, tasks) = match size {
+            Size::Full => (100_000, 2_000_000),
+            Size::Default => (100_000, 200_000),
+            Size::Quick => (100_000, 50_000),
+            Size::Bench => (10_000, 20_000),
+            Size::Tiny => (100, 2_000),
+        };
+        Workload::Skew {
+            keys,
+            tasks,
+            submitters: 2,
+            exponent: 1.1,
+            work: Duration::from_micros(1),
+        }
+    }
+
+    /// W6's points (`Full`: 1 k, 100 k and 1 M keys, 2 M tasks each; at least 2 tasks per key;
+    /// `Quick` drops the 1 M point).
+    pub fn w6(size: Size) -> Vec<Self> {
+        let (total, keys): (u64, &[u64]) = match size {
+            Size::Full => (2_000_000, &[1_000, 100_000, 1_000_000]),
+            Size::Default => (1_000_000, &[1_000, 100_000, 1_000_000]),
+            Size::Quick => (200_000, &[1_000, 100_000]),
+            Size::Bench => (20_000, &[1_000, 10_000]),
+            Size::Tiny => (1_000, &[10, 1_000]),
+        };
+        keys.iter()
+            .map(|&k| Workload::Overhead {
+                keys: k,
+                tasks_per_key: (total / k).max(2) as u32,
+                scale: true,
+            })
+            .collect()
+    }
+
+    /// Every workload at `size`, in order W1 … W6.
+    pub fn all(size: Size) -> Vec<Self> {
+        let mut v = vec![
+            Self::w1(size),
+            Self::w2(size),
+            Self::w3(size),
+            Self::w4(size),
+            Self::w5(size),
+        ];
+        v.extend(Self::w6(size));
+        v
+    }
+
+    /// The workload group this belongs to (`W1` … `W6`).
+    pub fn group(&self) -> &'static str {
+        match self {
+            Workload::Gatling { .. } => "W1",
+            Workload::Overhead { scale: false, .. } => "W2",
+            Workload::ManyKeys { .. } => "W3",
+            Workload::HeadOfLine { .. } => "W4",
+            Workload::Skew { .. } => "W5",
+            Workload::Overhead { scale: true, .. } => "W6",
+        }
+    }
+
+    /// Stable id, e.g. `w2_overhead` or `w6_scale_100k`.
+    pub fn id(&self) -> String {
+        match self {
+            Workload::Gatling { .. } => "w1_gatling".into(),
+            Workload::Overhead { scale: false, .. } => "w2_overhead".into(),
+            Workload::Overhead {
+                scale: true, keys, ..
+            } => format!("w6_scale_{}", fmt_count(*keys).to_lowercase()),
+            Workload::ManyKeys { .. } => "w3_many_keys".into(),
+            Workload::HeadOfLine { .. } => "w4_head_of_line".into(),
+            Workload::Skew { .. } => "w5_skew".into(),
+        }
+    }
+
+    /// One-line description with the sizes.
+    pub fn title(&self) -> String {
+        match self {
+            Workload::Gatling {
+                keys,
+                tasks_per_key,
+                adds,
+            } => format!(
+                "W1 gatling: {} keys x {} tasks, round-robin, {} relaxed fetch_add each",
+                keys,
+                fmt_count(u64::from(*tasks_per_key)),
+                fmt_count(u64::from(*adds))
+            ),
+            Workload::Overhead {
+                keys,
+                tasks_per_key,
+                scale,
+            } => format!(
+                "{}: {} keys x {} empty tasks, round-robin, 1 submitter",
+                if *scale { "W6 scale" } else { "W2 overhead" },
+                fmt_count(*keys),
+                fmt_count(u64::from(*tasks_per_key))
+            ),
+            Workload::ManyKeys { keys } => {
+                format!("W3 many keys: {} distinct keys x 1 empty task", fmt_count(*keys))
+            }
+            Workload::HeadOfLine {
+                slow_tasks,
+                slow_sleep,
+                fast_keys,
+                fast_tasks_per_key,
+            } => format!(
+                "W4 head-of-line: 1 slow key ({} tasks x {} ms sleep) among {} fast keys x {} empty tasks",
+                slow_tasks,
+                slow_sleep.as_millis(),
+                fmt_count(*fast_keys),
+                fast_tasks_per_key
+            ),
+            Workload::Skew {
+                keys,
+                tasks,
+                submitters,
+                exponent,
+                work,
+            } => format!(
+                "W5 skew: {} tasks of ~{} us, Zipf({}) over {} keys, {} submitters",
+                fmt_count(*tasks),
+                work.as_micros(),
+                exponent,
+                fmt_count(*keys as u64),
+                submitters
+            ),
+        }
+    }
+
+    /// Number of distinct keys.
+    pub fn keys(&self) -> usize {
+        match self {
+            Workload::Gatling { keys, .. } | Workload::Overhead { keys, .. } => *keys as usize,
+            Workload::ManyKeys { keys } => *keys as usize,
+            Workload::HeadOfLine { fast_keys, .. } => *fast_keys as usize + 1,
+            Workload::Skew { keys, .. } => *keys,
+        }
+    }
+
+    /// Number of tasks submitted.
+    pub fn tasks(&self) -> u64 {
+        match self {
+            Workload::Gatling {
+                keys,
+                tasks_per_key,
+                ..
+            }
+            | Workload::Overhead {
+                keys,
+                tasks_per_key,
+                ..
+            } => keys * u64::from(*tasks_per_key),
+            Workload::ManyKeys { keys } => *keys,
+            Workload::HeadOfLine {
+                slow_tasks,
+                fast_keys,
+                fast_tasks_per_key,
+                ..
+            } => u64::from(*slow_tasks) + fast_keys * u64::from(*fast_tasks_per_key),
+            Workload::Skew { tasks, .. } => *tasks,
+        }
+    }
+
+    /// The columns this workload reports; the first is the one ratios are taken on.
+    pub fn metrics(&self) -> Vec<Metric> {
+        match self {
+            Workload::Gatling { .. } => vec![WALL, RATE],
+            Workload::Overhead { .. } => vec![RATE, WALL],
+            Workload::ManyKeys { .. } => vec![RATE, RSS],
+            Workload::HeadOfLine { .. } => vec![P99, P50, MAX, WALL],
+            Workload::Skew { .. } => vec![RATE, P99, P50],
+        }
+    }
+
+    /// Runs the workload once on `exec`, waiting at most `timeout` for the tasks to finish.
+    pub fn run<E: KeyedExecutor>(&self, exec: &E, timeout: Duration) -> Outcome {
+        match *self {
+            Workload::Gatling {
+                keys,
+                tasks_per_key,
+                adds,
+            } => round_robin(exec, keys, tasks_per_key, Some(adds), false, timeout),
+            Workload::Overhead {
+                keys,
+                tasks_per_key,
+                ..
+            } => round_robin(exec, keys, tasks_per_key, None, false, timeout),
+            Workload::ManyKeys { keys } => round_robin(exec, keys, 1, None, true, timeout),
+            Workload::HeadOfLine {
+                slow_tasks,
+                slow_sleep,
+                fast_keys,
+                fast_tasks_per_key,
+            } => head_of_line(
+                exec,
+                slow_tasks,
+                slow_sleep,
+                fast_keys,
+                fast_tasks_per_key,
+                timeout,
+            ),
+            Workload::Skew {
+                keys,
+                tasks,
+                submitters,
+                exponent,
+                work,
+            } => skew(exec, keys, tasks, submitters, exponent, work, timeout),
+        }
+    }
+}
+
+/// Drops a run's state, or leaks it if the executor did not go idle in time (a straggling task may
+/// still use it).
+fn release<S>(state: Box<S>, finished: bool) {
+    if !finished {
+        Box::leak(state);
+    }
+}
+
+struct Plain {
+    chk: Checker,
+}
+
+/// W1, W2, W3, W6: `keys` × `per_key` tasks, round-robin over keys.
+fn round_robin<E: KeyedExecutor>(
+    exec: &E,
+    keys: u64,
+    per_key: u32,
+    adds: Option<u32>,
+    measure_rss: bool,
+    timeout: Duration,
+) -> Outcome {
+    let state = Box::new(Plain {
+        chk: Checker::new(keys as usize),
+    });
+    // SAFETY: `state` lives until every task finished (or is leaked by `release`).
+    let r = unsafe { StaticRef::new(&*state) };
+    let sampler = measure_rss.then(|| RssSampler::start(Duration::from_millis(2)));
+    let t0 = Instant::now();
+    match adds {
+        Some(adds) => {
+            for seq in 0..per_key {
+                for key in 0..keys {
+                    exec.submit(key, move || {
+                        r.chk.run(key, 0, seq, || {
+                            work::gatling(adds);
+                        })
+                    });
+                }
+            }
+        }
+        None => {
+            for seq in 0..per_key {
+                for key in 0..keys {
+                    exec.submit(key, move || r.chk.run(key, 0, seq, || ()));
+                }
+            }
+        }
+    }
+    let finished = exec.wait_idle(timeout);
+    let elapsed = t0.elapsed();
+    let st = &*state;
+    let peak = sampler.map(RssSampler::stop);
+    let tasks = keys * u64::from(per_key);
+    let rate = tasks as f64 / elapsed.as_secs_f64();
+    let wall = elapsed.as_nanos() as f64;
+    let values = match (adds, measure_rss) {
+        (Some(_), _) => vec![wall, rate],
+        (None, true) => vec![rate, peak.unwrap_or(0) as f64],
+        (None, false) => vec![rate, wall],
+    };
+    let out = Outcome {
+        elapsed,
+        expected: tasks,
+        ran: st.chk.ran(),
+        violations: st.chk.violations(),
+        finished,
+        values,
+    };
+    release(state, finished);
+    out
+}
+
+struct Timed {
+    chk: Checker,
+    t0: Instant,
+    lat: Box<[AtomicU64]>,
+}
+
+impl Timed {
+    fn new(keys: usize, samples: usize) -> Self {
+        let lat: Box<[AtomicU64]> = (0..samples).map(|_| AtomicU64::new(u64::MAX)).collect();
+        Timed {
+            chk: Checker::new(keys),
+            t0: Instant::now(),
+            lat,
+        }
+    }
+
+    #[inline]
+    fn now(&self) -> u64 {
+        self.t0.elapsed().as_nanos() as u64
+    }
+
+    #[inline]
+    fn record(&self, i: usize, submitted_at: u64) {
+        self.lat[i].store(self.now().saturating_sub(submitted_at), Ordering::Relaxed);
+    }
+
+    /// p50, p99 and max of the recorded latencies (unrecorded samples are ignored).
+    fn percentiles(&self) -> (f64, f64, f64) {
+        let mut v: Vec<u64> = self
+            .lat
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .filter(|&x| x != u64::MAX)
+            .collect();
+        percentiles(&mut v)
+    }
+}
+
+/// p50, p99 and max of `v` (sorted in place), as f64; zeros for an empty slice.
+pub fn percentiles(v: &mut [u64]) -> (f64, f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    v.sort_unstable();
+    let at = |q: usize| v[(v.len() * q / 100).min(v.len() - 1)] as f64;
+    (at(50), at(99), v[v.len() - 1] as f64)
+}
+
+/// W4: the slow key is key 0; fast keys are `1..=fast_keys`, submitted round-robin, with one slow
+/// task before every `fast / slow_tasks` fast tasks.
+fn head_of_line<E: KeyedExecutor>(
+    exec: &E,
+    slow_tasks: u32,
+    slow_sleep: Duration,
+    fast_keys: u64,
+    per_key: u32,
+    timeout: Duration,
+) -> Outcome {
+    let fast = fast_keys as usize * per_key as usize;
+    let state = Box::new(Timed::new(fast_keys as usize + 1, fast));
+    // SAFETY: `state` lives until every task finished (or is leaked by `release`).
+    let r = unsafe { StaticRef::new(&*state) };
+    let every = (fast / slow_tasks.max(1) as usize).max(1);
+    let mut slow_seq = 0u32;
+    let t0 = Instant::now();
+    let mut i = 0usize;
+    for seq in 0..per_key {
+        for key in 1..=fast_keys {
+            if i % every == 0 && slow_seq < slow_tasks {
+                let s = slow_seq;
+                exec.submit(0, move || {
+                    r.chk.run(0, 0, s, || std::thread::sleep(slow_sleep));
+                });
+                slow_seq += 1;
+            }
+            let at = r.now();
+            let idx = i;
+            exec.submit(key, move || {
+                r.record(idx, at);
+                r.chk.run(key, 0, seq, || ());
+            });
+            i += 1;
+        }
+    }
+    while slow_seq < slow_tasks {
+        let s = slow_seq;
+        exec.submit(0, move || {
+            r.chk.run(0, 0, s, || std::thread::sleep(slow_sleep));
+        });
+        slow_seq += 1;
+    }
+    let finished = exec.wait_idle(timeout);
+    let elapsed = t0.elapsed();
+    let st = &*state;
+    let (p50, p99, max) = st.percentiles();
+    let out = Outcome {
+        elapsed,
+        expected: fast as u64 + u64::from(slow_tasks),
+        ran: st.chk.ran(),
+        violations: st.chk.violations(),
+        finished,
+        values: vec![p99, p50, max, elapsed.as_nanos() as f64],
+    };
+    release(state, finished);
+    out
+}
+
+/// W5: each submitter draws its keys from Zipf(`exponent`) (pre-generated, outside the timing) and
+/// numbers its own tasks per key; all submitters start together.
+fn skew<E: KeyedExecutor>(
+    exec: &E,
+    keys: usize,
+    tasks: u64,
+    submitters: usize,
+    exponent: f64,
+    work: Duration,
+    timeout: Duration,
+) -> Outcome {
+    assert!(
+        (1..=MAX_LANES).contains(&submitters),
+        "1..={MAX_LANES} submitters"
+    );
+    let per_lane = (tasks as usize) / submitters;
+    let zipf = Zipf::new(keys, exponent);
+    let plans: Vec<Vec<(u64, u32)>> = (0..submitters)
+        .map(|lane| {
+            let mut rng = XorShift::new(0x5EED_0000 + lane as u64 * 7919);
+            let mut next = vec![0u32; keys];
+            (0..per_lane)
+                .map(|_| {
+                    let k = zipf.sample(&mut rng);
+                    let seq = next[k as usize];
+                    next[k as usize] += 1;
+                    (k, seq)
+                })
+                .collect()
+        })
+        .collect();
+    drop(zipf);
+    let iters = (work.as_nanos() as f64 * f64::from(work::iters_per_micro()) / 1_000.0) as u32;
+    let total = per_lane * submitters;
+    let state = Box::new(Timed::new(keys, total));
+    // SAFETY: `state` lives until every task finished (or is leaked by `release`).
+    let r = unsafe { StaticRef::new(&*state) };
+    let submit = move |lane: usize, i: usize, key: u64, seq: u32| {
+        let at = r.now();
+        let idx = lane * per_lane + i;
+        exec.submit(key, move || {
+            r.record(idx, at);
+            r.chk.run(key, lane, seq, || {
+                work::spin(iters);
+            });
+        });
+    };
+    let t0;
+    if exec.ordering() == OrderGuarantee::Inline {
+        // Inline runs tasks on the submitting thread: one thread interleaves the submitters' streams.
+        t0 = Instant::now();
+        for i in 0..per_lane {
+            for (lane, plan) in plans.iter().enumerate() {
+                let (key, seq) = plan[i];
+                submit(lane, i, key, seq);
+            }
+        }
+    } else {
+        let barrier = Barrier::new(submitters + 1);
+        t0 = std::thread::scope(|s| {
+            for (lane, plan) in plans.iter().enumerate() {
+                let barrier = &barrier;
+                let submit = &submit;
+                s.spawn(move || {
+                    barrier.wait();
+                    for (i, &(key, seq)) in plan.iter().enumerate() {
+                        submit(lane, i, key, seq);
+                    }
+                });
+            }
+            let t0 = Instant::now();
+            barrier.wait();
+            t0
+        });
+    }
+    let finished = exec.wait_idle(timeout);
+    let elapsed = t0.elapsed();
+    let st = &*state;
+    let (p50, p99, _) = st.percentiles();
+    let out = Outcome {
+        elapsed,
+        expected: total as u64,
+        ran: st.chk.ran(),
+        violations: st.chk.violations(),
+        finished,
+        values: vec![total as f64 / elapsed.as_secs_f64(), p99, p50],
+    };
+    release(state, finished);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_a_known_set() {
+        let mut v: Vec<u64> = (1..=100).rev().collect();
+        let (p50, p99, max) = percentiles(&mut v);
+        assert_eq!((p50, p99, max), (51.0, 100.0, 100.0));
+        assert_eq!(percentiles(&mut []), (0.0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn ids_are_stable() {
+        let ids: Vec<String> = Workload::all(Size::Full).iter().map(Workload::id).collect();
+        assert_eq!(
+            ids,
+            [
+                "w1_gatling",
+                "w2_overhead",
+                "w3_many_keys",
+                "w4_head_of_line",
+                "w5_skew",
+                "w6_scale_1k",
+                "w6_scale_100k",
+                "w6_scale_1m"
+            ]
+        );
+        assert_eq!(Workload::w1(Size::Full).tasks(), 800_000);
+        assert_eq!(Workload::w4(Size::Full).tasks(), 20_100);
+        assert_eq!(Workload::w4(Size::Full).keys(), 1_001);
+        assert_eq!(Workload::w5(Size::Full).tasks(), 2_000_000);
+        for w in Workload::w6(Size::Full) {
+            assert_eq!(w.tasks(), 2_000_000);
+        }
+        let w6: Vec<u64> = Workload::w6(Size::Default)
+            .iter()
+            .map(Workload::tasks)
+            .collect();
+        assert_eq!(w6, [1_000_000, 1_000_000, 2_000_000]);
+    }
+}
