@@ -23,8 +23,8 @@ use crate::{RejectReason, Rejected, Stats};
 ///
 /// Tasks submitted with the same key run one at a time, in the order their submissions returned
 /// `Ok`; tasks of different keys run in parallel, and a slow or blocked task delays only its own
-/// key. Any number of keys may be used; a key that goes quiet is released after
-/// [`key_idle_timeout`](Builder::key_idle_timeout).
+/// key. Any number of keys may be used; a key that goes quiet is released as soon as it drains,
+/// or after [`key_idle_timeout`](Builder::key_idle_timeout).
 ///
 /// Dropping the serializer shuts it down gracefully: queued tasks still run, and the threads are
 /// joined (unless the drop happens on one of its own workers, which then finish on their own).
