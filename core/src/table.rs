@@ -729,6 +729,43 @@ where
     /// assert_eq!(table.len(), 0);
     /// ```
     pub fn unlink<'g>(&'g self, entry: &'g Entry<K, V>, guard: &'g Guard) -> bool {
+        match self.unlink_take(entry, guard) {
+            Some(taken) => {
+                self.defer_free(core::iter::once(taken), guard);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Like [`unlink`](Self::unlink), but hands the unlinked entry back instead of deferring its
+    /// free, so that a caller unlinking many entries can reclaim them in batches with one
+    /// deferred call ([`defer_free`](Self::defer_free)): one epoch bag slot per batch instead of
+    /// one per entry. `None` if the entry was already gone.
+    ///
+    /// # Panics
+    /// If the entry's value is not retired.
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{BoxNode, Chain};
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// let table: Table<u8, Chain<BoxNode<()>>, RandomState> = Table::with_hasher(RandomState::new());
+    /// let guard = table.register().pin();
+    /// let mut batch = Vec::new();
+    /// for k in 0..3 {
+    ///     let e = table.get_or_insert_with(k, Chain::new, &guard);
+    ///     assert!(e.value().try_retire());
+    ///     batch.extend(table.unlink_take(e, &guard));
+    /// }
+    /// table.defer_free(batch, &guard);
+    /// assert_eq!(table.len(), 0);
+    /// ```
+    pub fn unlink_take<'g>(
+        &'g self,
+        entry: &'g Entry<K, V>,
+        guard: &'g Guard,
+    ) -> Option<Unlinked<K, V>> {
         self.check_guard(guard);
         assert!(
             entry.value.is_retired(),
@@ -742,12 +779,12 @@ where
             let Step { slot, node } = path.top();
             let word = slot.load(Ordering::Acquire);
             if word == 0 {
-                return false;
+                return None;
             }
             match tag(word) {
                 LEAF => {
                     if untag::<Entry<K, V>>(word) != target {
-                        return false;
+                        return None;
                     }
                     if slot
                         .compare_exchange(word, 0, Ordering::AcqRel, Ordering::Acquire)
@@ -755,15 +792,14 @@ where
                     {
                         continue;
                     }
-                    // SAFETY: our CAS removed the entry from its only slot.
-                    unsafe { defer_free_entry(guard, untag::<Entry<K, V>>(word)) };
                     self.count(hash, -1);
                     if let Some(node) = node {
                         if node.release() {
                             self.unlink_frozen_at(&mut path, guard);
                         }
                     }
-                    return true;
+                    // Our CAS removed the entry from its only slot: it is ours to reclaim.
+                    return Some(Unlinked::new(untag::<Entry<K, V>>(word)));
                 }
                 INNER => {
                     // SAFETY: published inner nodes stay allocated while we are pinned.
@@ -780,9 +816,7 @@ where
                 _ => {
                     // SAFETY: published collision nodes stay allocated while we are pinned.
                     let coll = unsafe { &*untag::<Collision<K, V>>(word) };
-                    let Some(&victim) = coll.entries.iter().find(|&&p| p == target) else {
-                        return false;
-                    };
+                    let &victim = coll.entries.iter().find(|&&p| p == target)?;
                     let rest: Vec<_> = coll
                         .entries
                         .iter()
@@ -806,11 +840,8 @@ where
                         }
                         continue;
                     }
-                    // SAFETY: our CAS unpublished the old collision node and `entry`.
-                    unsafe {
-                        defer_free_collision::<K, V>(guard, word);
-                        defer_free_entry(guard, victim);
-                    }
+                    // SAFETY: our CAS unpublished the old collision node.
+                    unsafe { defer_free_collision::<K, V>(guard, word) };
                     self.count(hash, -1);
                     if new == 0 {
                         if let Some(node) = node {
@@ -819,10 +850,44 @@ where
                             }
                         }
                     }
-                    return true;
+                    // Our CAS unpublished `entry` (listed once, in this node only).
+                    return Some(Unlinked::new(victim));
                 }
             }
         }
+    }
+
+    /// Frees entries taken out by [`unlink_take`](Self::unlink_take) once every guard that could
+    /// have seen them is gone, with **one** deferred call for the whole batch.
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{BoxNode, Chain};
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// let table: Table<u8, Chain<BoxNode<()>>, RandomState> = Table::with_hasher(RandomState::new());
+    /// let guard = table.register().pin();
+    /// let e = table.get_or_insert_with(1, Chain::new, &guard);
+    /// assert!(e.value().try_retire());
+    /// let taken = table.unlink_take(e, &guard);
+    /// table.defer_free(taken, &guard);
+    /// ```
+    pub fn defer_free(&self, batch: impl IntoIterator<Item = Unlinked<K, V>>, guard: &Guard) {
+        self.check_guard(guard);
+        let ptrs: Vec<SendPtr<Entry<K, V>>> = batch.into_iter().map(Unlinked::into_raw).collect();
+        if ptrs.is_empty() {
+            return;
+        }
+        // SAFETY: each pointer was removed from the table by exactly one successful CAS (the
+        // `Unlinked` token is unique and consumed here) and is reachable by no new reader; the
+        // guard belongs to this table's collector, so the free waits for every reader. K and V are
+        // Send + 'static (the impl's bounds), so dropping them later on any thread is fine.
+        unsafe {
+            guard.defer_unchecked(move || {
+                for p in ptrs {
+                    drop(Box::from_raw(p.0));
+                }
+            })
+        };
     }
 
     /// `path.top()` is a step inside a frozen node: unlink that node from its parent slot (if
@@ -859,6 +924,51 @@ where
         }
     }
 }
+
+/// An entry taken out of the table by [`Table::unlink_take`], not yet reclaimed. Give it to
+/// [`Table::defer_free`]; dropping it instead leaks the entry (never frees it too early).
+pub struct Unlinked<K, V> {
+    ptr: NonNull<Entry<K, V>>,
+}
+
+// SAFETY: the token is the unique owner of an entry nobody else can reach any more; moving it
+// moves that ownership (K and V are Send where the table allows unlinking).
+unsafe impl<K: Send, V: Send> Send for Unlinked<K, V> {}
+
+impl<K, V> Unlinked<K, V> {
+    fn new(ptr: *const Entry<K, V>) -> Self {
+        Unlinked {
+            ptr: NonNull::new(ptr as *mut Entry<K, V>).expect("unlinked entries are not null"),
+        }
+    }
+
+    fn into_raw(self) -> SendPtr<Entry<K, V>> {
+        let p = self.ptr.as_ptr();
+        core::mem::forget(self);
+        SendPtr(p)
+    }
+}
+
+impl<K, V> Drop for Unlinked<K, V> {
+    fn drop(&mut self) {
+        debug_assert!(
+            false,
+            "an Unlinked entry was dropped instead of given to defer_free"
+        );
+    }
+}
+
+impl<K, V> fmt::Debug for Unlinked<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Unlinked")
+    }
+}
+
+/// A raw pointer that may move into a deferred closure (its owner guarantees exclusivity).
+struct SendPtr<T>(*mut T);
+
+// SAFETY: only used for entries owned exclusively by the deferred closure that frees them.
+unsafe impl<T> Send for SendPtr<T> {}
 
 /// How an insert holds its key until it needs an owned one.
 trait KeyArg<K> {

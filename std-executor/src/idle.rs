@@ -31,6 +31,7 @@ use std::ptr::NonNull;
 
 use crossbeam_epoch::Guard;
 use keyserial_core::chain::{Chain, Linked};
+use keyserial_core::table::Unlinked;
 
 use crate::shared::{IdleItem, KeyEntry, Shared};
 use crate::sync::{AtomicU64, Ordering};
@@ -88,12 +89,33 @@ impl IdleWord {
     }
 }
 
+/// Entries a worker unlinked and has yet to hand to the epoch, freed in batches of this many
+/// (one deferred call per batch instead of one per key).
+pub(crate) const GARBAGE_BATCH: usize = 64;
+
+/// A worker's unlinked entries, waiting for a batched deferred free.
+pub(crate) type Garbage<K> = Vec<Unlinked<K, crate::shared::KeyState>>;
+
+/// Unlinks a retired key and queues its entry for a batched free.
+fn unlink<K>(shared: &Shared<K>, entry: &KeyEntry<K>, guard: &Guard, garbage: &mut Garbage<K>)
+where
+    K: std::hash::Hash + Eq + Send + Sync + 'static,
+{
+    if let Some(taken) = shared.table.unlink_take(entry, guard) {
+        garbage.push(taken);
+        if garbage.len() >= GARBAGE_BATCH {
+            shared.table.defer_free(std::mem::take(garbage), guard);
+        }
+    }
+}
+
 /// Called by the worker that just released `entry`'s chain, with a guard pinned before the release.
 pub(crate) fn released<K>(
     shared: &Shared<K>,
     entry_ptr: NonNull<KeyEntry<K>>,
     guard: &Guard,
     fifo: &mut VecDeque<IdleItem<K>>,
+    garbage: &mut Garbage<K>,
     now: &mut u64,
 ) where
     K: std::hash::Hash + Eq + Send + Sync + 'static,
@@ -104,7 +126,7 @@ pub(crate) fn released<K>(
     let timeout = shared.config.key_idle_timeout.as_millis() as u64;
     if timeout == 0 {
         if entry.value().chain.try_retire() {
-            shared.table.unlink(entry, guard);
+            unlink(shared, entry, guard, garbage);
         }
         return;
     }
@@ -121,8 +143,13 @@ pub(crate) fn released<K>(
 }
 
 /// Retires the keys whose timeout passed (all of them if `all`).
-pub(crate) fn reap<K>(shared: &Shared<K>, fifo: &mut VecDeque<IdleItem<K>>, now: u64, all: bool)
-where
+pub(crate) fn reap<K>(
+    shared: &Shared<K>,
+    fifo: &mut VecDeque<IdleItem<K>>,
+    garbage: &mut Garbage<K>,
+    now: u64,
+    all: bool,
+) where
     K: std::hash::Hash + Eq + Send + Sync + 'static,
 {
     let timeout = shared.config.key_idle_timeout.as_millis() as u64;
@@ -139,9 +166,7 @@ where
         let entry = unsafe { item.entry.as_ref() };
         let ks = entry.value();
         match ks.idle.reap(&ks.chain, now, timeout, all) {
-            Reap::Retired => {
-                shared.table.unlink(entry, &guard);
-            }
+            Reap::Retired => unlink(shared, entry, &guard, garbage),
             Reap::Requeue(deadline) => fifo.push_back(IdleItem {
                 entry: item.entry,
                 deadline,

@@ -110,6 +110,8 @@ struct WorkerLoop<'a, K> {
     index: usize,
     owned: Option<Owned<K>>,
     idle: VecDeque<IdleItem<K>>,
+    /// Unlinked entries waiting for a batched deferred free (`idle.rs`).
+    garbage: crate::idle::Garbage<K>,
     searching: bool,
     tick: u32,
     now: u64,
@@ -131,6 +133,7 @@ where
             index,
             owned: Some(owned),
             idle: VecDeque::new(),
+            garbage: Vec::new(),
             searching: true,
             tick: 0,
             now: shared.now_ms(),
@@ -212,6 +215,7 @@ where
                 continue;
             }
             self.searching = false;
+            self.flush_garbage();
             let timeout = self.park_timeout(idle_since);
             self.owned
                 .as_ref()
@@ -466,7 +470,14 @@ where
 
     /// The chain was released: idle bookkeeping. `guard` was pinned before the release.
     fn released(&mut self, entry_ptr: NonNull<KeyEntry<K>>, guard: &crossbeam_epoch::Guard) {
-        crate::idle::released(self.shared, entry_ptr, guard, &mut self.idle, &mut self.now);
+        crate::idle::released(
+            self.shared,
+            entry_ptr,
+            guard,
+            &mut self.idle,
+            &mut self.garbage,
+            &mut self.now,
+        );
     }
 
     fn reap_idle(&mut self, all: bool) {
@@ -475,11 +486,28 @@ where
             self.idle.extend(orphans.drain(..));
         }
         if !self.idle.is_empty() {
-            crate::idle::reap(self.shared, &mut self.idle, self.now, all);
+            crate::idle::reap(
+                self.shared,
+                &mut self.idle,
+                &mut self.garbage,
+                self.now,
+                all,
+            );
+        }
+    }
+
+    /// Hands every unlinked entry to the epoch now (before sleeping or exiting).
+    fn flush_garbage(&mut self) {
+        if !self.garbage.is_empty() {
+            let guard = crossbeam_epoch::pin();
+            self.shared
+                .table
+                .defer_free(std::mem::take(&mut self.garbage), &guard);
         }
     }
 
     fn exit(mut self) {
+        self.flush_garbage();
         if self.searching {
             self.shared.sleep.stop_searching();
             self.searching = false;
