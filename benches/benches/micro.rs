@@ -160,19 +160,117 @@ fn task_box(c: &mut Criterion) {
     g.finish();
 }
 
-// ---------------------------------------------------------------------------------------------
-// CORE MICRO PATHS: keyserial-core's versions of the paths above, to be filled in against the
-// core API (the lead owns it). Use the same group names with the implementation id `keyserial`
-// so each group compares core with the baselines, e.g.:
-//   push_drain/keyserial   chain: push_value one task onto a key's chain (idle -> active), then as
-//                          the owner pop_value it and release the chain (active -> idle)
-//   table_hit/keyserial    table: get() of a present key in a table of TABLE_KEYS keys (with a
-//   table_miss/keyserial   pinned epoch guard), and of an absent key
-//   handoff/keyserial      ready queue: push one chain pointer, pop it (bounded and unbounded)
-//   semaphore/keyserial    keyserial::Semaphore (or core's PermitCounter): acquire + release one
-//                          permit, uncontended
-// ---------------------------------------------------------------------------------------------
-fn core_paths(_c: &mut Criterion) {}
+/// keyserial-core's versions of the paths above, under the same group names with the id
+/// `keyserial`, so each group compares the core with the baselines:
+///
+/// - `push_drain/keyserial`: push one task onto an idle key's chain (idle -> active, the task
+///   boxed in its node), then, as the owner, pop it, run it and release the chain (-> idle).
+/// - `push_drain/keyserial_queued`: the same push onto a chain that is already active (the common
+///   case under load: one CAS, no scheduling), then pop it.
+/// - `table_hit/keyserial`, `table_miss/keyserial`: `Table::get` in a table of `TABLE_KEYS` keys,
+///   under a pinned guard.
+/// - `table_insert_retire/keyserial`: a key's whole life: insert, retire, unlink, batched free.
+/// - `handoff/keyserial_bounded`, `handoff/keyserial_unbounded`: the core's ready queues.
+/// - `semaphore/keyserial`: `keyserial::Semaphore` acquire + release of one permit, uncontended.
+fn core_paths(c: &mut Criterion) {
+    use keyserial_core::chain::{BoxNode, Chain};
+    use keyserial_core::ready::{BoundedQueue, UnboundedQueue};
+    use keyserial_core::table::Table;
+    use std::collections::hash_map::RandomState;
+
+    let mut g = config(c, "push_drain");
+    let chain: Chain<BoxNode<Task>> = Chain::new();
+    g.bench_function("keyserial", |b| {
+        b.iter(|| {
+            let _ = chain.push_value(Box::new(|| ()));
+            // SAFETY: the push activated the chain (it was idle), so this thread owns it.
+            unsafe {
+                (chain.pop_value().unwrap())();
+                assert!(chain.try_release());
+            }
+        })
+    });
+    let active: Chain<BoxNode<Task>> = Chain::new();
+    let _ = active.push_value(Box::new(|| ())); // activated: this thread owns it from here on
+    g.bench_function("keyserial_queued", |b| {
+        b.iter(|| {
+            let _ = active.push_value(Box::new(|| ()));
+            // SAFETY: this thread owns the chain (activated above, never released).
+            unsafe { (active.pop_value().unwrap())() };
+        })
+    });
+    g.finish();
+
+    let table: Table<u64, Chain<BoxNode<Task>>, RandomState> =
+        Table::with_hasher(RandomState::new());
+    let handle = table.register();
+    {
+        let guard = handle.pin();
+        for k in 0..TABLE_KEYS {
+            table.get_or_insert_with(k, Chain::new, &guard);
+        }
+    }
+    let mut i = 0u64;
+    let mut g = config(c, "table_hit");
+    g.bench_function("keyserial", |b| {
+        let guard = handle.pin();
+        b.iter(|| {
+            i = (i + 7919) % TABLE_KEYS;
+            black_box(table.get(&black_box(i), &guard).is_some())
+        })
+    });
+    g.finish();
+    let mut g = config(c, "table_miss");
+    g.bench_function("keyserial", |b| {
+        let guard = handle.pin();
+        b.iter(|| {
+            i = (i + 7919) % TABLE_KEYS;
+            black_box(table.get(&black_box(i + TABLE_KEYS), &guard).is_some())
+        })
+    });
+    g.finish();
+    let mut g = config(c, "table_insert_retire");
+    let mut next = 10 * TABLE_KEYS;
+    let mut garbage = Vec::new();
+    g.bench_function("keyserial", |b| {
+        b.iter(|| {
+            let guard = handle.pin();
+            next += 1;
+            let e = table.get_or_insert_with(next, Chain::new, &guard);
+            assert!(e.value().try_retire());
+            garbage.extend(table.unlink_take(e, &guard));
+            if garbage.len() == 64 {
+                table.defer_free(std::mem::take(&mut garbage), &guard);
+            }
+        })
+    });
+    table.defer_free(std::mem::take(&mut garbage), &handle.pin());
+    g.finish();
+
+    let mut g = config(c, "handoff");
+    let bounded: BoundedQueue<u64, 256> = BoundedQueue::new();
+    g.bench_function("keyserial_bounded", |b| {
+        b.iter(|| {
+            bounded.push(black_box(1)).unwrap();
+            black_box(bounded.pop().unwrap())
+        })
+    });
+    let unbounded: UnboundedQueue<u64> = UnboundedQueue::new();
+    g.bench_function("keyserial_unbounded", |b| {
+        b.iter(|| {
+            unbounded.push(black_box(1));
+            black_box(unbounded.pop().unwrap())
+        })
+    });
+    g.finish();
+
+    let mut g = config(c, "semaphore");
+    let sem = keyserial::Semaphore::new(4);
+    g.bench_function("keyserial", |b| {
+        b.iter(|| drop(black_box(sem.acquire(1).unwrap())))
+    });
+    g.finish();
+}
 
 criterion_group!(benches, push_drain, table, handoff, semaphore, task_box, core_paths);
 criterion_main!(benches);
