@@ -14,7 +14,7 @@ use crate::{BuildError, Serializer};
 /// | [`workers`](Self::workers) | available parallelism | core worker threads, always running |
 /// | [`max_workers`](Self::max_workers) | = `workers` | elastic ceiling: extra threads start when every worker is busy or blocked and work waits |
 /// | [`worker_keep_alive`](Self::worker_keep_alive) | 10 s | how long an idle extra worker lives |
-/// | [`key_idle_timeout`](Self::key_idle_timeout) | 0 (release at once) | how long a drained key keeps its state |
+/// | [`key_idle_timeout`](Self::key_idle_timeout) | 100 ms | how long a drained key keeps its state (at most 1,024 idle keys per worker; 0 = release at once) |
 /// | [`fairness_budget`](Self::fairness_budget) | 64 | tasks of one key a worker runs before it lets other keys go first |
 /// | [`capacity`](Self::capacity) | unbounded | queued (not running) tasks; `submit` blocks and `try_submit` refuses when full |
 /// | [`thread_name`](Self::thread_name) | `"keyserial"` | worker thread name prefix (`name-0`, `name-1`, …) |
@@ -64,7 +64,7 @@ impl<K> Default for Builder<K> {
             workers: None,
             max_workers: None,
             worker_keep_alive: Duration::from_secs(10),
-            key_idle_timeout: Duration::ZERO,
+            key_idle_timeout: Duration::from_millis(100),
             fairness_budget: 64,
             capacity: None,
             thread_name: "keyserial".to_string(),
@@ -123,12 +123,12 @@ where
         self
     }
 
-    /// How long a drained key keeps its state before it is released. The default, zero, releases
-    /// a key as soon as its queue drains: memory then tracks the keys with work, whatever their
-    /// number (measured: 1 M one-shot keys at +2.6 MiB RSS). A short timeout (say 100 ms) saves
-    /// re-creating the state of a few hot keys that go idle between tasks (about 1.4x the
-    /// throughput on 1,000 keys round-robin), but with very many distinct keys the idle ones cost
-    /// memory and cache misses (about 0.4x the throughput on 1 M keys): see BENCHMARKS.md.
+    /// How long a drained key keeps its state before it is released (`Duration::ZERO`: release as
+    /// soon as it drains). The timeout is a bounded cache of hot keys' state: each worker keeps at
+    /// most 1,024 idle keys and releases the oldest beyond that at once, so a flood of one-shot
+    /// keys costs no more memory than a zero timeout (measured: 1 M one-shot keys at a few MiB of
+    /// RSS), while a working set of hot keys skips re-creating its state between tasks (about
+    /// 1.35x the throughput of a zero timeout on 1,000 keys round-robin). See BENCHMARKS.md.
     ///
     /// ```
     /// let s = keyserial::Builder::<u8>::new()

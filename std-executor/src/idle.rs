@@ -24,7 +24,9 @@
 //! RMWs on one word; if the swap comes second it sees `QUEUED` clear and queues an item; if it
 //! comes first, the reaper's `fetch_and` happens-after the release CAS, so the reaper's following
 //! `is_idle` check sees the chain idle (or active again, when a later release will queue it).
-//! A key is retired between one and two timeouts after its last release.
+//! A key is retired between one and two timeouts after its last release, or earlier when its
+//! worker holds more than `IDLE_CAP` idle keys (the oldest go first): the timeout is a cache of
+//! hot keys' state, bounded in size, not a promise to keep state.
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
@@ -89,6 +91,12 @@ impl IdleWord {
     }
 }
 
+/// The most idle keys one worker keeps waiting for their timeout; beyond this the oldest is
+/// released at once. A hot working set of up to this many keys per worker skips re-creating key
+/// state between tasks, while a flood of one-shot keys costs no more memory than with a zero
+/// timeout. Releasing an idle key early is invisible to users (its next task re-creates it).
+pub(crate) const IDLE_CAP: usize = 1024;
+
 /// Entries a worker unlinked and has yet to hand to the epoch, freed in batches of this many
 /// (one deferred call per batch instead of one per key).
 pub(crate) const GARBAGE_BATCH: usize = 64;
@@ -139,6 +147,35 @@ pub(crate) fn released<K>(
             entry: entry_ptr,
             deadline: *now + timeout,
         });
+        while fifo.len() > IDLE_CAP {
+            reap_front(shared, fifo, garbage, guard, *now, timeout, true);
+        }
+    }
+}
+
+/// Takes the oldest item and acts on it (`force`: whatever its deadline).
+fn reap_front<K>(
+    shared: &Shared<K>,
+    fifo: &mut VecDeque<IdleItem<K>>,
+    garbage: &mut Garbage<K>,
+    guard: &Guard,
+    now: u64,
+    timeout: u64,
+    force: bool,
+) where
+    K: std::hash::Hash + Eq + Send + Sync + 'static,
+{
+    let Some(item) = fifo.pop_front() else { return };
+    // SAFETY: we hold the key's only idle item, so nobody else retires (and frees) it.
+    let entry = unsafe { item.entry.as_ref() };
+    let ks = entry.value();
+    match ks.idle.reap(&ks.chain, now, timeout, force) {
+        Reap::Retired => unlink(shared, entry, guard, garbage),
+        Reap::Requeue(deadline) => fifo.push_back(IdleItem {
+            entry: item.entry,
+            deadline,
+        }),
+        Reap::Dropped => {}
     }
 }
 
@@ -161,17 +198,6 @@ pub(crate) fn reap<K>(
         if !all && front.deadline > now {
             break;
         }
-        let item = fifo.pop_front().expect("front exists");
-        // SAFETY: we hold the key's only idle item, so nobody else retires (and frees) it.
-        let entry = unsafe { item.entry.as_ref() };
-        let ks = entry.value();
-        match ks.idle.reap(&ks.chain, now, timeout, all) {
-            Reap::Retired => unlink(shared, entry, &guard, garbage),
-            Reap::Requeue(deadline) => fifo.push_back(IdleItem {
-                entry: item.entry,
-                deadline,
-            }),
-            Reap::Dropped => {}
-        }
+        reap_front(shared, fifo, garbage, &guard, now, timeout, all);
     }
 }

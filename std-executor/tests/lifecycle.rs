@@ -439,3 +439,23 @@ fn handles_are_futures_under_a_minimal_executor() {
     };
     assert_eq!(v.unwrap(), 42);
 }
+
+#[test]
+fn idle_keys_are_capped_per_worker_even_with_a_long_timeout() {
+    let s = Builder::<u32>::new()
+        .workers(2)
+        .key_idle_timeout(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    for k in 0..5000 {
+        s.execute(k, || ()).unwrap();
+    }
+    s.submit(0, || ()).unwrap().join().unwrap();
+    // At most 1,024 idle keys per worker survive; the rest were released at once.
+    assert!(
+        wait_until(Duration::from_secs(10), || s.stats().active_keys <= 2 * 1024),
+        "{:?}",
+        s.stats()
+    );
+    assert!(s.stats().active_keys > 0, "the timeout still keeps some hot keys");
+}
