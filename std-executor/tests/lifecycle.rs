@@ -453,9 +453,13 @@ fn idle_keys_are_capped_per_worker_even_with_a_long_timeout() {
     s.submit(0, || ()).unwrap().join().unwrap();
     // At most 1,024 idle keys per worker survive; the rest were released at once.
     assert!(
-        wait_until(Duration::from_secs(10), || s.stats().active_keys <= 2 * 1024),
+        wait_until(Duration::from_secs(10), || s.stats().active_keys
+            <= 2 * 1024),
         "{:?}",
         s.stats()
     );
-    assert!(s.stats().active_keys > 0, "the timeout still keeps some hot keys");
+    assert!(
+        s.stats().active_keys > 0,
+        "the timeout still keeps some hot keys"
+    );
 }
