@@ -71,6 +71,13 @@ where
     }
 }
 
+/// A refused admission: why, and the task's node if it had already been built (the caller, which
+/// knows the node's job type, takes its closure back out).
+struct Refused {
+    reason: RejectReason,
+    node: Option<TaskRef>,
+}
+
 /// How a submission behaves when the serializer is at capacity.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -207,9 +214,13 @@ where
                 ),
             )
         })
-        .map_err(|reason| Rejected {
-            reason,
-            task: slot.take().expect("rejected before the task was built"),
+        .map_err(|r| Rejected {
+            reason: r.reason,
+            task: match r.node {
+                // SAFETY: `execute` builds its nodes from `Detached<F>`.
+                Some(node) => unsafe { node.into_job::<Detached<F>>() }.0,
+                None => slot.take().expect("rejected before the task was built"),
+            },
         })
     }
 
@@ -344,9 +355,13 @@ where
             (k, TaskRef::new(job, kind, permits.take()))
         })
         .map(|()| handle.take().expect("handle made with the task"))
-        .map_err(|reason| Rejected {
-            reason,
-            task: slot.take().expect("rejected before the task was built"),
+        .map_err(|r| Rejected {
+            reason: r.reason,
+            task: match r.node {
+                // SAFETY: `submit_joined` builds its nodes from `Joined<F, T>`.
+                Some(node) => unsafe { node.into_job::<Joined<F, T>>() }.f,
+                None => slot.take().expect("rejected before the task was built"),
+            },
         })
     }
 
@@ -360,12 +375,12 @@ where
         mode: Mode,
         _permits: Option<usize>,
         build: impl FnOnce(Option<K>) -> (Option<K>, TaskRef),
-    ) -> Result<(), RejectReason> {
+    ) -> Result<(), Refused> {
         let sh = &*self.shared;
         let on_worker = worker::current_worker::<K>(sh.id);
         let refuse = |reason| {
             sh.rejected.fetch_add(1, Ordering::Relaxed);
-            Err(reason)
+            Err(Refused { reason, node: None })
         };
         if sh.shutdown.load(Ordering::Acquire) {
             return refuse(RejectReason::Shutdown);
@@ -431,8 +446,23 @@ where
                     // The key was released under us: take (or make) its fresh chain and retry.
                     node = back;
                     entry = self.entry_for(&key, &guard);
-                    if kind == Kind::Distinct {
-                        entry.value().distinct.store(true, Ordering::Release);
+                    // Keep-first holds on the fresh chain too: claim its flag, or refuse and hand
+                    // the task back (the node was never published, so it is still ours).
+                    if kind == Kind::Distinct
+                        && entry
+                            .value()
+                            .distinct
+                            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                            .is_err()
+                    {
+                        drop(ticket);
+                        release_cap();
+                        sh.rejected.fetch_add(1, Ordering::Relaxed);
+                        return Err(Refused {
+                            reason: RejectReason::Duplicate,
+                            // SAFETY: the failed push handed the unpublished node back to us.
+                            node: Some(unsafe { TaskRef::from_raw(node) }),
+                        });
                     }
                 }
             }

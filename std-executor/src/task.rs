@@ -257,6 +257,20 @@ impl TaskRef {
         unsafe { (p.as_ref().vtable.run)(p, held, done) }
     }
 
+    /// Takes the job back out of a node that was never run (a refused submission), without
+    /// resolving anything: the caller hands the closure back to the user.
+    ///
+    /// # Safety
+    /// `J` is the job type the node was created with.
+    pub(crate) unsafe fn into_job<J: Job>(self) -> J {
+        let p = self.into_raw();
+        // SAFETY: per the contract the node is a `Node<J>` made by `TaskRef::new`, and we own it.
+        let node = unsafe { Box::from_raw(p.cast::<Node<J>>().as_ptr()) };
+        let Node { header, job, .. } = *node;
+        drop(header.granted);
+        job
+    }
+
     /// Frees the node without running it, resolving its handle.
     pub(crate) fn abandon(self, why: Abandon) {
         let p = self.into_raw();

@@ -603,12 +603,11 @@ fn idle_churn_keys_retire_and_come_back() {
 /// round r's D started was queued behind D while D was queued and not started: a duplicate that
 /// keep-first must refuse.
 ///
-/// Known bug (found while writing these tests): `Serializer::admit` claims the distinct flag on
-/// the entry it looked up; if that chain is retired before the push (`Retired`), it retries on the
-/// fresh entry with `distinct.store(true)` instead of a compare-exchange, so it pushes a second
-/// distinct task next to one already queued there. Un-ignore once fixed.
+/// Regression test for a bug found while writing these tests: `Serializer::admit` claimed the
+/// distinct flag on the entry it looked up, and if that chain was retired before the push
+/// (`Retired`) it retried on the fresh entry with `distinct.store(true)` instead of a
+/// compare-exchange, pushing a second distinct task next to one already queued there.
 #[test]
-#[ignore = "known bug: submit_distinct retried after a key retirement skips the keep-first check"]
 fn submit_distinct_keeps_the_first_across_key_retirement() {
     let rounds = env_or("KEYSERIAL_STRESS_ROUNDS", if cfg!(miri) { 5 } else { 1000 }) as u64;
     let s = Arc::new(
