@@ -703,6 +703,7 @@ mod tests {
         assert_eq!(c.push_value(1), Ok(Pushed::Activated));
         assert_eq!(c.push_value(2), Ok(Pushed::Queued));
         assert!(c.is_active());
+        // SAFETY: this test thread made the push that activated the chain, so it owns the chain.
         unsafe {
             assert_eq!(c.pop_value(), Some(1));
             assert_eq!(c.push_value(3), Ok(Pushed::Queued));
@@ -713,6 +714,7 @@ mod tests {
         }
         assert!(c.is_idle());
         assert_eq!(c.push_value(4), Ok(Pushed::Activated));
+        // SAFETY: this test thread made the push that activated the chain, so it owns the chain.
         unsafe {
             assert_eq!(c.pop_value(), Some(4));
             assert!(c.try_release());
@@ -723,6 +725,7 @@ mod tests {
     fn release_fails_while_anything_is_queued() {
         let c: Chain<BoxNode<u32>> = Chain::new();
         let _ = c.push_value(1);
+        // SAFETY: this test thread made the push that activated the chain, so it owns the chain.
         unsafe {
             assert_eq!(c.pop_value(), Some(1));
             let _ = c.push_value(2); // lands in the inbox while we own the chain
@@ -737,6 +740,7 @@ mod tests {
         let c: Chain<BoxNode<u32>> = Chain::new();
         let _ = c.push_value(1);
         assert!(!c.try_retire(), "active chain must not retire");
+        // SAFETY: this test thread made the push that activated the chain, so it owns the chain.
         unsafe {
             c.pop_value();
             assert!(c.try_release());
@@ -758,17 +762,20 @@ mod tests {
                 next_push += 1;
             }
             for _ in 0..(round % 5) {
+                // SAFETY: this test thread made the push that activated the chain, so it owns the chain.
                 if let Some(v) = unsafe { c.pop_value() } {
                     assert_eq!(v, next_pop);
                     next_pop += 1;
                 }
             }
         }
+        // SAFETY: this test thread made the push that activated the chain, so it owns the chain.
         while let Some(v) = unsafe { c.pop_value() } {
             assert_eq!(v, next_pop);
             next_pop += 1;
         }
         assert_eq!(next_pop, next_push);
+        // SAFETY: this test thread made the push that activated the chain, so it owns the chain.
         assert!(unsafe { c.try_release() });
     }
 
@@ -779,6 +786,7 @@ mod tests {
         for _ in 0..3 {
             let _ = c.push_value(token.clone());
         }
+        // SAFETY: this test thread made the push that activated the chain, so it owns the chain.
         unsafe { assert!(c.peek().is_some()) }; // moves the inbox into the private FIFO
         for _ in 0..2 {
             let _ = c.push_value(token.clone()); // and two more stay in the inbox
@@ -805,9 +813,11 @@ mod tests {
         for it in items {
             let _ = c.push_value(it);
         }
+        // SAFETY: called only on nodes queued in a chain this test owns.
         let latest = |n: NonNull<BoxNode<(bool, u32)>>| unsafe { n.as_ref() }.value.0;
         let mut ran = Vec::new();
         let mut superseded = Vec::new();
+        // SAFETY: this test thread made the push that activated the chain, so it owns the chain.
         unsafe {
             while let Some(p) = c.pop_coalescing(latest) {
                 let v = BoxNode::into_value(p.node).1;
@@ -827,7 +837,9 @@ mod tests {
     fn coalescing_sees_pushes_made_after_the_first_take() {
         let c: Chain<BoxNode<(bool, u32)>> = Chain::new();
         let _ = c.push_value((true, 1));
+        // SAFETY: called only on nodes queued in a chain this test owns.
         let latest = |n: NonNull<BoxNode<(bool, u32)>>| unsafe { n.as_ref() }.value.0;
+        // SAFETY: this test thread made the push that activated the chain, so it owns the chain.
         unsafe {
             assert!(c.peek().is_some()); // node 1 is now in the private FIFO
             let _ = c.push_value((true, 2)); // pushed into the inbox before 1 starts
@@ -877,11 +889,13 @@ mod tests {
             drains += 1;
             // We own the chain now: drain until a release succeeds.
             loop {
+                // SAFETY: this thread received the chain's baton through the channel, so it owns the chain.
                 while let Some((p, i)) = unsafe { chain.pop_value() } {
                     assert!(last[p].map_or(i == 0, |l| i == l + 1), "order broken");
                     last[p] = Some(i);
                     seen += 1;
                 }
+                // SAFETY: as above: this thread owns the chain.
                 if unsafe { chain.try_release() } {
                     break;
                 }

@@ -29,7 +29,7 @@
 #[cfg(feature = "alloc")]
 extern crate alloc;
 
-#[cfg(test)]
+#[cfg(test)] // the unit tests use std; the library itself never does
 extern crate std;
 
 mod sync;

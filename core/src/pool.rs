@@ -289,12 +289,14 @@ mod tests {
         let pool = Pool::<u32, 3>::new();
         let nodes: Vec<_> = (0..3).map(|i| pool.alloc(i).unwrap()).collect();
         assert_eq!(pool.alloc(9), Err(9));
+        // SAFETY: the node came from this pool and is not queued on any chain.
         let mut back: Vec<u32> = nodes.into_iter().map(|n| unsafe { pool.free(n) }).collect();
         back.sort();
         assert_eq!(back, [0, 1, 2]);
         let again: Vec<_> = (10..13).map(|i| pool.alloc(i).unwrap()).collect();
         assert_eq!(pool.alloc(9), Err(9));
         for n in again {
+            // SAFETY: the node came from this pool and is not queued on any chain.
             unsafe { pool.free(n) };
         }
     }
@@ -308,9 +310,12 @@ mod tests {
             assert_eq!(r == Pushed::Activated, i == 0);
         }
         for i in 0..5 {
+            // SAFETY: this test thread made the push that activated the chain, so it owns the chain.
             let n = unsafe { chain.pop() }.unwrap();
+            // SAFETY: the node came from this pool and is not queued on any chain.
             assert_eq!(unsafe { pool.free(n) }, i);
         }
+        // SAFETY: this test thread made the push that activated the chain, so it owns the chain.
         assert!(unsafe { chain.try_release() });
     }
 
@@ -320,6 +325,7 @@ mod tests {
         let a = Pool::<u32, 2>::new();
         let b = Pool::<u32, 2>::new();
         let n = a.alloc(1).unwrap();
+        // SAFETY: deliberately the wrong pool: `free` checks membership and panics before touching the node.
         unsafe { b.free(n) };
     }
 
@@ -338,7 +344,9 @@ mod tests {
                         let tag = t * ROUNDS + r;
                         if let Ok(n) = pool.alloc(tag) {
                             // Nobody else may see or change our value while we hold the slot.
+                            // SAFETY: the node is allocated and held by this thread only.
                             assert_eq!(unsafe { *PoolNode::value(n) }, tag);
+                            // SAFETY: the node came from this pool and is not queued on any chain.
                             assert_eq!(unsafe { pool.free(n) }, tag);
                         }
                     }
@@ -352,6 +360,7 @@ mod tests {
         let all: Vec<_> = (0..4).map(|i| pool.alloc(i).unwrap()).collect();
         assert!(pool.alloc(99).is_err());
         for n in all {
+            // SAFETY: the node came from this pool and is not queued on any chain.
             unsafe { pool.free(n) };
         }
     }

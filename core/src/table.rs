@@ -501,6 +501,7 @@ impl<K: Hash + Eq, V, S: BuildHasher> Table<K, V, S> {
                     return coll
                         .entries
                         .iter()
+                        // SAFETY: entries listed in a published collision node stay allocated while we are pinned.
                         .map(|&e| unsafe { &*e })
                         .find(|e| e.key.borrow() == key);
                 }
@@ -877,10 +878,10 @@ where
         if ptrs.is_empty() {
             return;
         }
-        // SAFETY: each pointer was removed from the table by exactly one successful CAS (the
-        // `Unlinked` token is unique and consumed here) and is reachable by no new reader; the
-        // guard belongs to this table's collector, so the free waits for every reader. K and V are
-        // Send + 'static (the impl's bounds), so dropping them later on any thread is fine.
+        // Each pointer left the table by exactly one successful CAS (its `Unlinked` token is
+        // unique and consumed here); K and V are Send + 'static, so dropping them later is fine.
+        // SAFETY: no new reader can reach the entries, and the guard belongs to this table's
+        // collector, so the free waits for every reader that could have seen them.
         unsafe {
             guard.defer_unchecked(move || {
                 for p in ptrs {
@@ -1442,6 +1443,7 @@ mod tests {
                 while unsafe { e.value().pop_value() }.is_some() {
                     drained.fetch_add(1, O::Relaxed);
                 }
+                // SAFETY: the test's drainer owns the chain (it received the activation through the channel).
                 if unsafe { e.value().try_release() } {
                     break;
                 }

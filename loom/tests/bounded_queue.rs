@@ -37,6 +37,7 @@ fn pool_alloc_free_race_hands_each_slot_to_one_owner() {
         let pool = Arc::new(Pool::<u32, 1>::new());
         let first = pool.alloc(1).unwrap();
         let p2 = pool.clone();
+        // SAFETY: the node came from this pool and is not queued.
         let t = thread::spawn(move || p2.alloc(2).ok().map(|n| unsafe { p2.free(n) }));
         // SAFETY: `first` came from this pool and is not queued.
         assert_eq!(unsafe { pool.free(first) }, 1);

@@ -52,10 +52,10 @@ thread_local! {
 pub(crate) fn current_worker<K>(id: usize) -> Option<(usize, &'static Worker<Runnable<K>>)> {
     let (sid, slot, deque) = CURRENT.with(Cell::get);
     if sid == id && !deque.is_null() {
+        // CURRENT is cleared before the worker loop returns; callers use the reference only
+        // within their own call (never stored), so it never outlives the deque.
         // SAFETY: CURRENT holds the deque of a `Worker` loop running further up this thread's
-        // stack for serializer `id`, whose runnables are `Runnable<K>` (one serializer, one K);
-        // it is cleared before that loop returns, and the reference is used only within the
-        // current call (never stored).
+        // stack for serializer `id`, whose runnables are `Runnable<K>` (one serializer, one K).
         Some((slot, unsafe { &*(deque as *const Worker<Runnable<K>>) }))
     } else {
         None
