@@ -9,6 +9,7 @@
 //! | [`pool`] | fixed-capacity node storage with generation counters, for builds without an allocator |
 //! | [`ready`] | queues where chains that became active wait for a worker (bounded no-alloc, unbounded with `alloc`) |
 //! | [`table`] | (`alloc`) the sharded, lock-free key table with epoch reclamation |
+//! | [`recycle`] | (`alloc`) magazine caches that carry freed blocks back to the allocating thread in batches |
 //! | [`permits`] | the permit counter behind keyserial's fair semaphore |
 //!
 //! Every concurrent protocol is written down at the top of its module and checked by the loom models
@@ -38,5 +39,7 @@ pub mod chain;
 pub mod permits;
 pub mod pool;
 pub mod ready;
+#[cfg(feature = "alloc")]
+pub mod recycle;
 #[cfg(feature = "alloc")]
 pub mod table;

@@ -37,6 +37,7 @@ mod error;
 mod gate;
 mod handle;
 mod idle;
+mod nodes;
 mod permits;
 mod phase;
 mod serializer;

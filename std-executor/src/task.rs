@@ -1,4 +1,4 @@
-//! Type-erased task nodes: one heap allocation per task holding the chain link, a vtable, the
+//! Type-erased task nodes: one allocation per task (from [`nodes`](crate::nodes)'s recycled size classes) holding the chain link, a vtable, the
 //! task's kind and the job itself.
 //!
 //! A node is owned by exactly one party at a time: the submitter until its push succeeds, then
@@ -8,6 +8,7 @@
 //! with its chain is abandoned as `Cancelled`. That is what guarantees that every task either
 //! runs once or has its handle resolved (`Cancelled` / `Superseded`), never both and never neither.
 
+use std::alloc::Layout;
 use std::any::Any;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -16,6 +17,7 @@ use std::ptr::NonNull;
 use keyserial_core::chain::{Link, Linked};
 
 use crate::handle::JoinState;
+use crate::nodes;
 use crate::semaphore::{Permit, Semaphore};
 use crate::sync::Arc;
 use crate::TaskError;
@@ -119,16 +121,23 @@ type RunFn = unsafe fn(NonNull<Header>, Option<Permit>, &dyn Fn(bool)) -> bool;
 struct VTable {
     run: RunFn,
     abandon: unsafe fn(NonNull<Header>, Abandon),
+    /// The semaphore and count a permit-gated task needs (`None` for every other task).
     permits: unsafe fn(NonNull<Header>) -> Option<(Semaphore, usize)>,
+    /// Where a permit-gated task keeps the permits granted while it waited.
+    granted: unsafe fn(NonNull<Header>) -> Option<NonNull<Option<Permit>>>,
+    /// The node is a `Node<J, Gated>` (else a `Node<J, ()>`).
+    gated: bool,
 }
 
-struct VTableOf<J>(std::marker::PhantomData<J>);
+struct VTableOf<J, X>(std::marker::PhantomData<(J, X)>);
 
-impl<J: Job> VTableOf<J> {
+impl<J: Job, X: Extra> VTableOf<J, X> {
     const VTABLE: VTable = VTable {
-        run: run_node::<J>,
-        abandon: abandon_node::<J>,
-        permits: permits_of::<J>,
+        run: run_node::<J, X>,
+        abandon: abandon_node::<J, X>,
+        permits: permits_of::<J, X>,
+        granted: granted_of::<J, X>,
+        gated: X::GATED,
     };
 }
 
@@ -138,9 +147,6 @@ pub(crate) struct Header {
     link: Link,
     vtable: &'static VTable,
     kind: Kind,
-    /// Permit-gated tasks: the permits granted while the chain was parked. Touched only by the
-    /// owner of the node (the chain's owner, or the grant callback while the chain is parked).
-    granted: Option<Permit>,
 }
 
 // SAFETY: `link` is the first field of a `repr(C)` struct, so the casts are exact inverses;
@@ -160,11 +166,47 @@ unsafe impl Linked for Header {
     }
 }
 
+/// What a node carries besides its job: nothing for most tasks (a node is then its header plus
+/// the closure: 24 bytes of overhead), the permit request for permit-gated ones.
+trait Extra: Send + 'static {
+    const GATED: bool;
+    fn permits(&self) -> Option<(Semaphore, usize)>;
+    fn granted(&mut self) -> Option<&mut Option<Permit>>;
+}
+
+impl Extra for () {
+    const GATED: bool = false;
+    fn permits(&self) -> Option<(Semaphore, usize)> {
+        None
+    }
+    fn granted(&mut self) -> Option<&mut Option<Permit>> {
+        None
+    }
+}
+
+/// A permit-gated task's extra state.
+struct Gated {
+    wants: (Semaphore, usize),
+    /// The permits granted while the chain was parked. Touched only by the owner of the node
+    /// (the chain's owner, or the grant callback while the chain is parked).
+    granted: Option<Permit>,
+}
+
+impl Extra for Gated {
+    const GATED: bool = true;
+    fn permits(&self) -> Option<(Semaphore, usize)> {
+        Some(self.wants.clone())
+    }
+    fn granted(&mut self) -> Option<&mut Option<Permit>> {
+        Some(&mut self.granted)
+    }
+}
+
 #[repr(C)]
-struct Node<J> {
+struct Node<J, X> {
     header: Header,
     job: J,
-    permits: Option<(Semaphore, usize)>,
+    extra: X,
 }
 
 /// An owned, type-erased task node. Dropping it abandons the task as `Cancelled`.
@@ -183,17 +225,34 @@ impl fmt::Debug for TaskRef {
 
 impl TaskRef {
     pub(crate) fn new<J: Job>(job: J, kind: Kind, permits: Option<(Semaphore, usize)>) -> TaskRef {
-        let node = Box::new(Node {
-            header: Header {
-                link: Link::new(),
-                vtable: &VTableOf::<J>::VTABLE,
+        match permits {
+            None => Self::with_extra(job, kind, ()),
+            Some(wants) => Self::with_extra(
+                job,
                 kind,
-                granted: None,
-            },
-            job,
-            permits,
-        });
-        TaskRef(NonNull::from(Box::leak(node)).cast())
+                Gated {
+                    wants,
+                    granted: None,
+                },
+            ),
+        }
+    }
+
+    fn with_extra<J: Job, X: Extra>(job: J, kind: Kind, extra: X) -> TaskRef {
+        let p = nodes::alloc(Layout::new::<Node<J, X>>()).cast::<Node<J, X>>();
+        // SAFETY: `p` is fresh memory with at least `Node<J, X>`'s size and alignment.
+        unsafe {
+            p.as_ptr().write(Node {
+                header: Header {
+                    link: Link::new(),
+                    vtable: &VTableOf::<J, X>::VTABLE,
+                    kind,
+                },
+                job,
+                extra,
+            })
+        };
+        TaskRef(p.cast())
     }
 
     /// Takes ownership of a node that was queued.
@@ -235,16 +294,23 @@ impl TaskRef {
         unsafe { (self.header().vtable.permits)(self.0) }
     }
 
-    /// Stores permits granted while the task waited.
+    /// Stores permits granted while the task waited (only permit-gated tasks get any; for
+    /// another task the permits are released at once).
     pub(crate) fn set_granted(&mut self, permit: Permit) {
-        // SAFETY: we own the node exclusively (`&mut self`).
-        unsafe { (*self.0.as_ptr()).granted = Some(permit) }
+        // SAFETY: the vtable matches the node; we own it exclusively (`&mut self`).
+        match unsafe { (self.header().vtable.granted)(self.0) } {
+            // SAFETY: the slot lives in our node and nothing else refers to it.
+            Some(slot) => unsafe { *slot.as_ptr() = Some(permit) },
+            None => debug_assert!(false, "permits granted to a task that asked for none"),
+        }
     }
 
     /// Takes the permits granted while the task waited, if any.
     pub(crate) fn take_granted(&mut self) -> Option<Permit> {
-        // SAFETY: we own the node exclusively (`&mut self`).
-        unsafe { (*self.0.as_ptr()).granted.take() }
+        // SAFETY: the vtable matches the node; we own it exclusively (`&mut self`).
+        let slot = unsafe { (self.header().vtable.granted)(self.0) }?;
+        // SAFETY: the slot lives in our node and nothing else refers to it.
+        unsafe { (*slot.as_ptr()).take() }
     }
 
     /// Runs the task (a panic is caught) and frees the node. Returns `true` if it panicked.
@@ -264,11 +330,17 @@ impl TaskRef {
     /// `J` is the job type the node was created with.
     pub(crate) unsafe fn into_job<J: Job>(self) -> J {
         let p = self.into_raw();
-        // SAFETY: per the contract the node is a `Node<J>` made by `TaskRef::new`, and we own it.
-        let node = unsafe { Box::from_raw(p.cast::<Node<J>>().as_ptr()) };
-        let Node { header, job, .. } = *node;
-        drop(header.granted);
-        job
+        // SAFETY: we own a live node.
+        let gated = unsafe { p.as_ref() }.vtable.gated;
+        // SAFETY: per the contract the node is a `Node<J, _>` made by `TaskRef::new`, gated
+        // exactly when its vtable says so, and we own it.
+        unsafe {
+            if gated {
+                take_node::<J, Gated>(p).job
+            } else {
+                take_node::<J, ()>(p).job
+            }
+        }
     }
 
     /// Frees the node without running it, resolving its handle.
@@ -287,31 +359,70 @@ impl Drop for TaskRef {
     }
 }
 
-unsafe fn run_node<J: Job>(
+unsafe fn run_node<J: Job, X: Extra>(
     p: NonNull<Header>,
     permit: Option<Permit>,
     done: &dyn Fn(bool),
 ) -> bool {
-    // SAFETY: `p` is the header of a `Node<J>` made by `TaskRef::new` (the vtable is per J) and
-    // ownership was passed to us.
-    let node = unsafe { Box::from_raw(p.cast::<Node<J>>().as_ptr()) };
-    let Node { header, job, .. } = *node;
+    // SAFETY: `p` is the header of a `Node<J, X>` made by `TaskRef::new` (the vtable is per
+    // `(J, X)`) and ownership was passed to us.
+    let Node { job, mut extra, .. } = unsafe { take_node::<J, X>(p) };
     debug_assert!(
-        header.granted.is_none(),
+        !matches!(extra.granted(), Some(Some(_))),
         "granted permits are passed in by TaskRef::run"
     );
+    drop(extra);
     job.run(permit, done)
 }
 
-unsafe fn abandon_node<J: Job>(p: NonNull<Header>, why: Abandon) {
+unsafe fn abandon_node<J: Job, X: Extra>(p: NonNull<Header>, why: Abandon) {
     // SAFETY: as in `run_node`.
-    let node = unsafe { Box::from_raw(p.cast::<Node<J>>().as_ptr()) };
-    let Node { header, job, .. } = *node;
-    drop(header.granted);
+    let Node { job, extra, .. } = unsafe { take_node::<J, X>(p) };
+    drop(extra);
     job.abandon(why)
 }
 
-unsafe fn permits_of<J: Job>(p: NonNull<Header>) -> Option<(Semaphore, usize)> {
+/// Moves a node out of its memory and frees the memory.
+///
+/// # Safety
+/// `p` is the header of a live `Node<J, X>` made by [`TaskRef::new`], owned by the caller, and
+/// not used again.
+unsafe fn take_node<J: Job, X: Extra>(p: NonNull<Header>) -> Node<J, X> {
+    let p = p.cast::<Node<J, X>>();
+    // SAFETY: per the contract the node is initialised and ours; reading moves it out.
+    let node = unsafe { p.as_ptr().read() };
+    // SAFETY: `TaskRef::with_extra` got the memory from `nodes::alloc` with this layout; it is
+    // uninitialised again after the read above and nobody else refers to it.
+    unsafe { nodes::free(p.cast(), Layout::new::<Node<J, X>>()) };
+    node
+}
+
+unsafe fn permits_of<J: Job, X: Extra>(p: NonNull<Header>) -> Option<(Semaphore, usize)> {
     // SAFETY: as in `run_node`, but only borrowed.
-    unsafe { p.cast::<Node<J>>().as_ref() }.permits.clone()
+    unsafe { p.cast::<Node<J, X>>().as_ref() }.extra.permits()
+}
+
+unsafe fn granted_of<J: Job, X: Extra>(p: NonNull<Header>) -> Option<NonNull<Option<Permit>>> {
+    // SAFETY: as in `run_node`; the caller owns the node exclusively, so a unique borrow of its
+    // extra state for the duration of this call is sound.
+    let node = unsafe { &mut *p.cast::<Node<J, X>>().as_ptr() };
+    node.extra.granted().map(NonNull::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_node_is_its_header_plus_the_closure() {
+        let captured = [0u64; 3];
+        let f = move || {
+            std::hint::black_box(captured);
+        };
+        type N<F> = Node<Detached<F>, ()>;
+        fn size<F>(_: &F) -> usize {
+            std::mem::size_of::<N<F>>()
+        }
+        assert_eq!(size(&f), 24 + 24, "fits the 64-byte node class");
+    }
 }
