@@ -68,6 +68,7 @@
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
+use core::alloc::Layout;
 use core::borrow::Borrow;
 use core::fmt;
 use core::hash::{BuildHasher, Hash};
@@ -119,6 +120,94 @@ impl<N: Linked> Retire for Chain<N> {
     fn is_retired(&self) -> bool {
         Chain::is_retired(self)
     }
+}
+
+/// Where a table's entries get their memory: the global allocator ([`Global`]) by default, or a
+/// recycling allocator when entries are created and freed on different threads at a high rate
+/// (keyserial's executor uses its per-thread magazine caches, [`crate::recycle`]).
+///
+/// Entries are freed on whichever thread runs the epoch's deferred functions.
+///
+/// # Safety
+/// [`alloc`](Self::alloc) returns memory valid for reads and writes of `layout` (never
+/// zero-sized here), and [`free`](Self::free) accepts any block `alloc` returned for the same
+/// layout, on any thread.
+///
+/// ```
+/// use core::alloc::Layout;
+/// use core::ptr::NonNull;
+/// use keyserial_core::table::EntryAlloc;
+/// struct Counting;
+/// // SAFETY: forwards to the global allocator with the same layout.
+/// unsafe impl EntryAlloc for Counting {
+///     fn alloc(layout: Layout) -> NonNull<u8> {
+///         // SAFETY: entries are never zero-sized.
+///         NonNull::new(unsafe { std::alloc::alloc(layout) }).expect("out of memory")
+///     }
+///     unsafe fn free(block: NonNull<u8>, layout: Layout) {
+///         // SAFETY: per the trait's contract the block came from `alloc(layout)`.
+///         unsafe { std::alloc::dealloc(block.as_ptr(), layout) }
+///     }
+/// }
+/// ```
+pub unsafe trait EntryAlloc: 'static {
+    /// Memory for one entry of `layout`.
+    fn alloc(layout: Layout) -> NonNull<u8>;
+    /// Gives back memory from [`alloc`](Self::alloc)`(layout)`.
+    ///
+    /// # Safety
+    /// `block` came from `Self::alloc(layout)`, holds no live value, and is freed once.
+    unsafe fn free(block: NonNull<u8>, layout: Layout);
+}
+
+/// Entries from the global allocator (the default).
+///
+/// ```
+/// use keyserial_core::table::{Global, Table};
+/// use std::collections::hash_map::RandomState;
+/// let table: Table<u64, u8, RandomState, Global> = Table::with_hasher(RandomState::new());
+/// assert!(table.is_empty());
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Global;
+
+// SAFETY: the global allocator with the caller's layout, both ways.
+unsafe impl EntryAlloc for Global {
+    fn alloc(layout: Layout) -> NonNull<u8> {
+        // SAFETY: entries hold at least a hash, so `layout` is never zero-sized.
+        let p = unsafe { alloc::alloc::alloc(layout) };
+        NonNull::new(p).unwrap_or_else(|| alloc::alloc::handle_alloc_error(layout))
+    }
+
+    unsafe fn free(block: NonNull<u8>, layout: Layout) {
+        // SAFETY: per the trait's contract `block` came from `alloc(layout)` above.
+        unsafe { alloc::alloc::dealloc(block.as_ptr(), layout) }
+    }
+}
+
+/// Allocates an entry through `M`.
+fn new_entry<K, V, M: EntryAlloc>(entry: Entry<K, V>) -> NonNull<Entry<K, V>> {
+    let p = M::alloc(Layout::new::<Entry<K, V>>()).cast::<Entry<K, V>>();
+    // SAFETY: fresh memory with the entry's layout.
+    unsafe { p.as_ptr().write(entry) };
+    p
+}
+
+/// Drops an entry and gives its memory back to `M`.
+///
+/// # Safety
+/// `p` came from [`new_entry::<K, V, M>`](new_entry), is owned by the caller, reachable by nobody
+/// else, and freed once.
+unsafe fn free_entry<K, V, M: EntryAlloc>(p: *mut Entry<K, V>) {
+    // SAFETY: per the contract the entry is live and ours.
+    unsafe { core::ptr::drop_in_place(p) };
+    // SAFETY: the memory came from `M::alloc` with this layout and holds nothing live now.
+    unsafe {
+        M::free(
+            NonNull::new_unchecked(p).cast(),
+            Layout::new::<Entry<K, V>>(),
+        )
+    };
 }
 
 /// One key's entry: its hash, key and value. Lives until it is unlinked and every guard that
@@ -303,21 +392,21 @@ impl<'a> Path<'a> {
 /// assert!(table.unlink(entry, &guard));
 /// assert!(table.get("alice", &guard).is_none());
 /// ```
-pub struct Table<K, V, S> {
+pub struct Table<K, V, S, A: EntryAlloc = Global> {
     roots: Box<[AtomicUsize]>,
     lens: [CachePadded<AtomicUsize>; LEN_SHARDS],
     hasher: S,
     collector: Collector,
-    _entries: PhantomData<Box<Entry<K, V>>>,
+    _entries: PhantomData<(Box<Entry<K, V>>, A)>,
 }
 
 // SAFETY: the table owns its entries (K, V); sending it sends them.
-unsafe impl<K: Send, V: Send, S: Send> Send for Table<K, V, S> {}
+unsafe impl<K: Send, V: Send, S: Send, A: EntryAlloc> Send for Table<K, V, S, A> {}
 // SAFETY: shared access hands out `&Entry<K, V>` to several threads (needs K, V: Sync) and moves
 // ownership of entries between threads on replacement and reclamation (needs K, V: Send).
-unsafe impl<K: Send + Sync, V: Send + Sync, S: Sync> Sync for Table<K, V, S> {}
+unsafe impl<K: Send + Sync, V: Send + Sync, S: Sync, A: EntryAlloc> Sync for Table<K, V, S, A> {}
 
-impl<K, V, S> fmt::Debug for Table<K, V, S> {
+impl<K, V, S, A: EntryAlloc> fmt::Debug for Table<K, V, S, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Table").field("len", &self.len()).finish()
     }
@@ -331,7 +420,7 @@ fn untag<T>(word: usize) -> *const T {
     (word & !TAG_MASK) as *const T
 }
 
-impl<K, V, S> Table<K, V, S> {
+impl<K, V, S, A: EntryAlloc> Table<K, V, S, A> {
     /// An empty table with its own epoch collector.
     ///
     /// ```
@@ -455,7 +544,7 @@ impl<K, V, S> Table<K, V, S> {
     }
 }
 
-impl<K: Hash + Eq, V, S: BuildHasher> Table<K, V, S> {
+impl<K: Hash + Eq, V, S: BuildHasher, A: EntryAlloc> Table<K, V, S, A> {
     /// The entry for `key`, if the table has one (it may be retired: check its value).
     /// Never locks, never retries.
     ///
@@ -510,7 +599,7 @@ impl<K: Hash + Eq, V, S: BuildHasher> Table<K, V, S> {
     }
 }
 
-impl<K, V, S> Table<K, V, S>
+impl<K, V, S, M: EntryAlloc> Table<K, V, S, M>
 where
     K: Hash + Eq + Send + Sync + 'static,
     V: Retire + Send + Sync + 'static,
@@ -578,7 +667,7 @@ where
     ) -> &'g Entry<K, V> {
         self.check_guard(guard);
         let hash = self.hasher.hash_one(key.as_key());
-        let mut fresh = Fresh::new(hash, key, make);
+        let mut fresh = Fresh::<K, V, _, _, M>::new(hash, key, make);
         'restart: loop {
             let mut path = Path::new(self.root(hash));
             let mut shift = ROOT_BITS;
@@ -627,7 +716,9 @@ where
                             {
                                 // SAFETY: our CAS removed the old entry from its only slot; no new
                                 // reader can reach it, current readers are covered by the epoch.
-                                unsafe { defer_free_entry(guard, untag::<Entry<K, V>>(word)) };
+                                unsafe {
+                                    defer_free_entry::<K, V, M>(guard, untag::<Entry<K, V>>(word))
+                                };
                                 return fresh.publish();
                             }
                             continue;
@@ -687,7 +778,7 @@ where
                                 unsafe {
                                     defer_free_collision::<K, V>(guard, word);
                                     if let Some(old) = replaced {
-                                        defer_free_entry(guard, old);
+                                        defer_free_entry::<K, V, M>(guard, old);
                                     } else {
                                         self.count(hash, 1);
                                     }
@@ -885,7 +976,7 @@ where
         unsafe {
             guard.defer_unchecked(move || {
                 for p in ptrs {
-                    drop(Box::from_raw(p.0));
+                    free_entry::<K, V, M>(p.0);
                 }
             })
         };
@@ -1000,20 +1091,22 @@ impl<K: Clone> KeyArg<K> for Cloned<'_, K> {
 }
 
 /// The entry an insert may publish: allocated on first need, freed if never published.
-struct Fresh<K, V, F, A> {
+struct Fresh<K, V, F, A, M: EntryAlloc> {
     hash: u64,
     key: Option<A>,
     make: Option<F>,
     entry: Option<NonNull<Entry<K, V>>>,
+    _alloc: PhantomData<M>,
 }
 
-impl<K, V, F: FnOnce() -> V, A: KeyArg<K>> Fresh<K, V, F, A> {
+impl<K, V, F: FnOnce() -> V, A: KeyArg<K>, M: EntryAlloc> Fresh<K, V, F, A, M> {
     fn new(hash: u64, key: A, make: F) -> Self {
         Fresh {
             hash,
             key: Some(key),
             make: Some(make),
             entry: None,
+            _alloc: PhantomData,
         }
     }
 
@@ -1030,12 +1123,11 @@ impl<K, V, F: FnOnce() -> V, A: KeyArg<K>> Fresh<K, V, F, A> {
         if let Some(e) = self.entry {
             return e.as_ptr();
         }
-        let entry = Box::new(Entry {
+        let p = new_entry::<K, V, M>(Entry {
             hash: self.hash,
             key: self.key.take().expect("key").into_key(),
             value: (self.make.take().expect("make"))(),
         });
-        let p = NonNull::from(Box::leak(entry));
         self.entry = Some(p);
         p.as_ptr()
     }
@@ -1048,11 +1140,11 @@ impl<K, V, F: FnOnce() -> V, A: KeyArg<K>> Fresh<K, V, F, A> {
     }
 }
 
-impl<K, V, F, A> Drop for Fresh<K, V, F, A> {
+impl<K, V, F, A, M: EntryAlloc> Drop for Fresh<K, V, F, A, M> {
     fn drop(&mut self) {
         if let Some(e) = self.entry.take() {
-            // SAFETY: never published, so still exclusively ours.
-            drop(unsafe { Box::from_raw(e.as_ptr()) });
+            // SAFETY: never published, so still exclusively ours; made by `new_entry::<_, _, M>`.
+            unsafe { free_entry::<K, V, M>(e.as_ptr()) };
         }
     }
 }
@@ -1110,13 +1202,13 @@ unsafe fn free_private_subtree<K, V>(word: usize) {
 /// # Safety
 /// `entry` was read from a table word and was just removed from the table by the caller's
 /// successful CAS; it is reachable by no new reader.
-unsafe fn defer_free_entry<K, V>(guard: &Guard, entry: *const Entry<K, V>) {
+unsafe fn defer_free_entry<K, V, M: EntryAlloc>(guard: &Guard, entry: *const Entry<K, V>) {
     // The pointer must come from the table's word (the Box's own provenance), never from a
     // `&Entry`: a shared reference cannot authorise the deallocation.
     let p = entry as *mut Entry<K, V>;
     // SAFETY: per the contract; K and V are Send + 'static (Table's bounds), so running the drop
     // later on another thread is fine.
-    unsafe { guard.defer_unchecked(move || drop(Box::from_raw(p))) };
+    unsafe { guard.defer_unchecked(move || free_entry::<K, V, M>(p)) };
 }
 
 /// # Safety
@@ -1127,24 +1219,26 @@ unsafe fn defer_free_collision<K, V>(guard: &Guard, word: usize) {
     unsafe { guard.defer_unchecked(move || drop(Box::from_raw(p))) };
 }
 
-impl<K, V, S> Drop for Table<K, V, S> {
+impl<K, V, S, A: EntryAlloc> Drop for Table<K, V, S, A> {
     fn drop(&mut self) {
         // `&mut self`: no thread is inside the table. Everything still linked is ours; what was
         // unlinked is owned by the collector's deferred frees.
-        fn free<K, V>(word: usize) {
+        fn free<K, V, A: EntryAlloc>(word: usize) {
             if word == 0 {
                 return;
             }
             match tag(word) {
                 LEAF => {
-                    // SAFETY: a linked leaf is owned by the table.
-                    drop(unsafe { Box::from_raw(untag::<Entry<K, V>>(word) as *mut Entry<K, V>) });
+                    // SAFETY: a linked leaf is owned by the table (made by `new_entry::<_, _, A>`).
+                    unsafe {
+                        free_entry::<K, V, A>(untag::<Entry<K, V>>(word) as *mut Entry<K, V>)
+                    };
                 }
                 INNER => {
                     // SAFETY: a linked inner node is owned by the table.
                     let node = unsafe { Box::from_raw(untag::<Inner>(word) as *mut Inner) };
                     for s in node.slots.iter() {
-                        free::<K, V>(s.load(Ordering::Relaxed));
+                        free::<K, V, A>(s.load(Ordering::Relaxed));
                     }
                 }
                 _ => {
@@ -1154,13 +1248,13 @@ impl<K, V, S> Drop for Table<K, V, S> {
                     };
                     for &e in &coll.entries {
                         // SAFETY: as above.
-                        drop(unsafe { Box::from_raw(e as *mut Entry<K, V>) });
+                        unsafe { free_entry::<K, V, A>(e as *mut Entry<K, V>) };
                     }
                 }
             }
         }
         for root in self.roots.iter() {
-            free::<K, V>(root.load(Ordering::Relaxed));
+            free::<K, V, A>(root.load(Ordering::Relaxed));
         }
     }
 }

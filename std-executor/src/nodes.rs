@@ -128,6 +128,27 @@ pub(crate) unsafe fn free(p: NonNull<u8>, layout: Layout) {
     unsafe { std::alloc::dealloc(p.as_ptr(), block_layout(layout)) }
 }
 
+/// The key table's entries come from the same recycled classes (a key is created on the
+/// submitting thread and freed on whichever thread runs the epoch's deferred frees: the same
+/// producer/consumer pattern as task nodes).
+pub(crate) struct Recycled;
+
+// SAFETY: `alloc` returns memory valid for `layout` (a class block of at least its size and
+// alignment, or the global allocator's block), and `free` accepts any of them with the same
+// layout on any thread (see `free`'s contract).
+unsafe impl keyserial_core::table::EntryAlloc for Recycled {
+    #[inline]
+    fn alloc(layout: Layout) -> NonNull<u8> {
+        alloc(layout)
+    }
+
+    #[inline]
+    unsafe fn free(block: NonNull<u8>, layout: Layout) {
+        // SAFETY: per `EntryAlloc::free`'s contract the block came from `alloc(layout)`.
+        unsafe { free(block, layout) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,6 +14,7 @@ use keyserial_core::table::{Entry, Retire, Table};
 use crate::capacity::Capacity;
 use crate::gate::Gate;
 use crate::idle::IdleWord;
+use crate::nodes::Recycled;
 use crate::phase::Phase;
 use crate::sleep::Sleep;
 use crate::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
@@ -115,7 +116,9 @@ unsafe impl<K: Send + Sync> Send for IdleItem<K> {}
 pub(crate) struct Shared<K> {
     pub(crate) id: usize,
     pub(crate) config: Config,
-    pub(crate) table: Table<K, KeyState, RandomState>,
+    /// Entries come from the per-thread recycling caches: a key is created on the submitter and
+    /// freed wherever the epoch runs its deferred frees.
+    pub(crate) table: Table<K, KeyState, RandomState, Recycled>,
     pub(crate) slots: Box<[Slot<K>]>,
     pub(crate) sleep: Sleep,
     pub(crate) gate: Gate,
