@@ -426,6 +426,45 @@ impl Workload {
         }
     }
 
+    /// W1 only: the wall time of the same tasks split evenly by key over `workers` plain threads
+    /// (no executor, no submitting thread, no handoff): what the hardware itself allows, measured
+    /// in the same run. On 2 vCPUs that floor is itself 1.00-1.25x `inline / 2` (shared caches,
+    /// frequency, neighbours), which is why W1 quotes it next to the ideal.
+    pub fn measured_floor(&self, workers: usize) -> Option<Duration> {
+        let Workload::Gatling {
+            keys,
+            tasks_per_key,
+            adds,
+        } = *self
+        else {
+            return None;
+        };
+        let workers = workers.max(1) as u64;
+        let counters: Vec<AtomicU64> = (0..keys).map(|_| AtomicU64::new(0)).collect();
+        let start = Barrier::new(workers as usize + 1);
+        let t = std::thread::scope(|scope| {
+            for w in 0..workers {
+                let (counters, start) = (&counters, &start);
+                scope.spawn(move || {
+                    start.wait();
+                    for _ in 0..tasks_per_key {
+                        for k in (w..keys).step_by(workers as usize) {
+                            work::gatling(adds);
+                            counters[k as usize].fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+            start.wait();
+            Instant::now()
+        });
+        let elapsed = t.elapsed();
+        debug_assert!(counters
+            .iter()
+            .all(|c| c.load(Ordering::Relaxed) == u64::from(tasks_per_key)));
+        Some(elapsed)
+    }
+
     /// Runs the workload once on `exec`, waiting at most `timeout` for the tasks to finish.
     pub fn run<E: KeyedExecutor>(&self, exec: &E, timeout: Duration) -> Outcome {
         match *self {

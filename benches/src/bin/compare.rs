@@ -235,7 +235,8 @@ impl Visit for RunOne<'_> {
     }
 }
 
-fn render_table(w: &Workload, rows: &[Row], workers: usize) -> String {
+/// `floor`: W1's measured floor (nanoseconds, see [`Workload::measured_floor`]).
+fn render_table(w: &Workload, rows: &[Row], workers: usize, floor: Option<f64>) -> String {
     let metrics = w.metrics();
     let primary = metrics[0];
     let ks = rows
@@ -348,6 +349,22 @@ fn render_table(w: &Workload, rows: &[Row], workers: usize) -> String {
                 "  ideal (inline spread over {workers} workers): {}",
                 fmt_value(primary.unit, ideal)
             );
+            if let (Some(floor), Some(ks)) = (
+                floor,
+                rows.iter()
+                    .find(|r| r.contender == Contender::Keyserial)
+                    .and_then(|r| r.median(0)),
+            ) {
+                let _ = writeln!(
+                    out,
+                    "  measured floor (the same tasks split by key over {workers} plain threads, \
+                     no executor): {} = {:.2}x ideal; keyserial {:.2}x ideal, {:.2}x the floor",
+                    fmt_value(primary.unit, floor),
+                    floor / ideal,
+                    ks / ideal,
+                    ks / floor
+                );
+            }
         }
     }
     out
@@ -570,8 +587,12 @@ fn main() -> ExitCode {
                 spent: Duration::ZERO,
             })
             .collect();
+        let mut floor = Vec::new();
         // Repeats are the outer loop, so that drift on the machine spreads over every row.
         for rep in 0..args.repeat {
+            if let Some(f) = w.measured_floor(args.workers) {
+                floor.push(f.as_nanos() as f64);
+            }
             for row in rows.iter_mut().filter(|r| r.skipped.is_none()) {
                 if let (Some(budget), Some(per_run)) =
                     (args.budget, row.spent.checked_div(row.runs.len() as u32))
@@ -602,7 +623,7 @@ fn main() -> ExitCode {
             }
         }
         failed |= rows.iter().any(Row::failed);
-        let table = render_table(w, &rows, args.workers);
+        let table = render_table(w, &rows, args.workers, median(floor));
         pb.suspend(|| emit(&table));
         results.push((w.clone(), rows));
     }
@@ -714,7 +735,7 @@ mod tests {
                 spent: Duration::ZERO,
             },
         ];
-        let t = render_table(&w, &rows, 2);
+        let t = render_table(&w, &rows, 2, None);
         assert!(t.contains("keyserial") && t.contains("1.00x"), "{t}");
         assert!(t.contains("skipped (5 threads)"), "{t}");
         let args = Args {
