@@ -10,6 +10,7 @@
 //! | `handoff` | put one ready item on a queue and take it off (single thread: the queue's own cost) |
 //! | `semaphore` | acquire and release one permit, uncontended |
 //! | `task_box` | box a task closure and call it (what every boxed baseline pays per task) |
+//! | `cross_thread_alloc` | allocate a 64-byte block (a task node) on one thread and free it on another |
 
 use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
@@ -272,5 +273,92 @@ fn core_paths(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, push_drain, table, handoff, semaphore, task_box, core_paths);
+/// Allocates `iters` blocks on this thread with `alloc` and frees them on a second thread with
+/// the freer that `make_freer` builds there, handing them over in batches of 256 (a submitter
+/// and a worker: the pattern of task nodes). Returns the producer's wall time.
+fn producer_consumer(
+    iters: u64,
+    mut alloc: impl FnMut() -> usize,
+    make_freer: fn() -> Box<dyn FnMut(usize)>,
+) -> Duration {
+    let (tx, rx) = crossbeam_channel::bounded::<Vec<usize>>(4);
+    let consumer = std::thread::spawn(move || {
+        let mut free = make_freer();
+        for batch in rx {
+            for p in batch {
+                free(p);
+            }
+        }
+    });
+    let start = std::time::Instant::now();
+    let mut batch = Vec::with_capacity(256);
+    for _ in 0..iters {
+        batch.push(black_box(alloc()));
+        if batch.len() == 256 {
+            tx.send(std::mem::replace(&mut batch, Vec::with_capacity(256)))
+                .unwrap();
+        }
+    }
+    tx.send(batch).unwrap();
+    drop(tx);
+    consumer.join().unwrap();
+    start.elapsed()
+}
+
+/// `cross_thread_alloc/global_allocator`: `Box<[u8; 64]>` allocated here, freed on another
+/// thread. `cross_thread_alloc/keyserial_recycle`: the same blocks through keyserial-core's
+/// magazine caches (one cache per thread over a shared depot), as the executor allocates nodes.
+fn cross_thread_alloc(c: &mut Criterion) {
+    use keyserial_core::recycle::{Cache, Depot};
+    use std::alloc::Layout;
+    static DEPOT: Depot<64> = Depot::new(Layout::new::<[u8; 64]>());
+
+    let mut g = config(c, "cross_thread_alloc");
+    g.bench_function("global_allocator", |b| {
+        b.iter_custom(|iters| {
+            producer_consumer(
+                iters,
+                || Box::into_raw(Box::new([0u8; 64])) as usize,
+                || {
+                    // SAFETY: every pointer is a `Box<[u8; 64]>` made above, freed once.
+                    Box::new(|p| drop(unsafe { Box::from_raw(p as *mut [u8; 64]) }))
+                },
+            )
+        })
+    });
+    g.bench_function("keyserial_recycle", |b| {
+        let mut cache = Cache::new(&DEPOT);
+        b.iter_custom(|iters| {
+            producer_consumer(
+                iters,
+                || {
+                    let p = cache.alloc();
+                    // SAFETY: a block of 64 bytes, ours; written as a node would be.
+                    unsafe { p.as_ptr().write_bytes(0, 64) };
+                    p.as_ptr() as usize
+                },
+                || {
+                    let mut cache = Cache::new(&DEPOT);
+                    Box::new(move |p| {
+                        let p = std::ptr::NonNull::new(p as *mut u8).unwrap();
+                        // SAFETY: a block of DEPOT's class allocated above, freed once.
+                        unsafe { cache.free(p) }
+                    })
+                },
+            )
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    push_drain,
+    table,
+    handoff,
+    semaphore,
+    task_box,
+    cross_thread_alloc,
+    core_paths
+);
 criterion_main!(benches);
