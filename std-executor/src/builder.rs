@@ -14,7 +14,7 @@ use crate::{BuildError, Serializer};
 /// | [`workers`](Self::workers) | available parallelism | core worker threads, always running |
 /// | [`max_workers`](Self::max_workers) | = `workers` | elastic ceiling: extra threads start when every worker is busy or blocked and work waits |
 /// | [`worker_keep_alive`](Self::worker_keep_alive) | 10 s | how long an idle extra worker lives |
-/// | [`key_idle_timeout`](Self::key_idle_timeout) | 100 ms | how long a drained key keeps its state (at most 65,536 idle keys per worker; 0 = release at once) |
+/// | [`key_idle_timeout`](Self::key_idle_timeout) | 100 ms | how long a drained key keeps its state (at most 1,024 idle keys per worker; 0 = release at once) |
 /// | [`fairness_budget`](Self::fairness_budget) | 64 | tasks of one key a worker runs before it lets other keys go first |
 /// | [`capacity`](Self::capacity) | unbounded | queued (not running) tasks; `submit` blocks and `try_submit` refuses when full |
 /// | [`thread_name`](Self::thread_name) | `"keyserial"` | worker thread name prefix (`name-0`, `name-1`, …) |
@@ -125,9 +125,9 @@ where
 
     /// How long a drained key keeps its state before it is released (`Duration::ZERO`: release as
     /// soon as it drains). The timeout is a bounded cache of hot keys' state: each worker keeps at
-    /// most 65,536 idle keys (about 6 MiB) and releases the oldest beyond that at once, so a flood
-    /// of one-shot keys costs bounded memory, while a working set of hot keys skips re-creating
-    /// its state between tasks. See BENCHMARKS.md for the measured trade-off.
+    /// most 1,024 idle keys and releases the oldest beyond that at once, so a flood of one-shot
+    /// keys costs bounded memory and cheap releases, while a working set of hot keys skips
+    /// re-creating its state between tasks. See BENCHMARKS.md for the measured trade-off.
     ///
     /// ```
     /// let s = keyserial::Builder::<u8>::new()

@@ -25,9 +25,8 @@
 //! comes first, the reaper's `fetch_and` happens-after the release CAS, so the reaper's following
 //! `is_idle` check sees the chain idle (or active again, when a later release will queue it).
 //! A key is retired between one and two timeouts after its last release, or earlier when its
-//! worker holds more idle keys than its adaptive cap (`IdleCap`, 1,024 to 65,536; the oldest go
-//! first): the timeout is a cache of hot keys' state, bounded in size, not a promise to keep
-//! state.
+//! worker holds more than `IDLE_CAP` idle keys (the oldest go first): the timeout is a cache of
+//! hot keys' state, bounded in size, not a promise to keep state.
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
@@ -68,11 +67,6 @@ impl IdleWord {
         self.0.swap((now << 1) | QUEUED, Ordering::AcqRel) & QUEUED == 0
     }
 
-    /// The tick of the key's last release (a hint: it may move on at any time).
-    pub fn last_release(&self) -> u64 {
-        self.0.load(Ordering::Relaxed) >> 1
-    }
-
     /// The holder of the key's idle item, at `now`, with the idle `timeout` (`force`: ignore the
     /// time, as at shutdown): retire the key if it stayed idle long enough, keep the item if it was
     /// released again since, or drop the item if the key is active.
@@ -97,75 +91,14 @@ impl IdleWord {
     }
 }
 
-/// The most idle keys one worker keeps waiting for their timeout; beyond its current cap (see
-/// [`IdleCap`]) the oldest is released at once. A working set of up to this many keys per worker
-/// (100 k keys round-robin on 2 workers: 2.1x the throughput of a 1,024 cap) skips re-creating
-/// key state between tasks; an idle key costs about 100 bytes (a 64-byte entry, its share of the
-/// table and a 16-byte FIFO item), so at most about 6 MiB per worker. Releasing an idle key early
-/// is invisible to users (its next task re-creates it).
-pub(crate) const IDLE_CAP_MAX: usize = 1 << 16;
-
-/// The smallest cap [`IdleCap`] shrinks to.
-pub(crate) const IDLE_CAP_MIN: usize = 1 << 10;
-
-/// Cap evictions per window after which [`IdleCap`] decides.
-const CAP_WINDOW: u32 = 1024;
-
-/// Most evictions one release performs when the FIFO is above the cap (so a shrinking cap
-/// never stalls a worker on one long eviction loop).
-const EVICTIONS_PER_RELEASE: usize = 2;
-
-/// One worker's adaptive bound on its idle keys: the idle set is a cache of key state, and its
-/// right size depends on whether keys come back.
-///
-/// Each eviction forced by the cap records whether the evicted key had been reused while it
-/// waited (released again, or active again). Per window of [`CAP_WINDOW`] evictions: if fewer
-/// than 1 in 8 evicted keys had been reused, the cache is pure cost (a flood of one-shot keys, or
-/// a working set far larger than the cache, where an old key's path in the table is cold and its
-/// unlink a string of cache misses): halve the cap, down to [`IDLE_CAP_MIN`]. If at least 1 in 4
-/// had, keys come back and the cache is too small for them: double it, up to [`IDLE_CAP_MAX`].
-/// When time-based reaping empties the FIFO (load calmed down), the cap resets to the maximum.
-#[derive(Debug)]
-pub(crate) struct IdleCap {
-    cap: usize,
-    evicted: u32,
-    reused: u32,
-}
-
-impl IdleCap {
-    pub(crate) fn new() -> IdleCap {
-        IdleCap {
-            cap: IDLE_CAP_MAX,
-            evicted: 0,
-            reused: 0,
-        }
-    }
-
-    /// The current cap.
-    pub(crate) fn get(&self) -> usize {
-        self.cap
-    }
-
-    /// Records one eviction forced by the cap.
-    fn evicted(&mut self, was_reused: bool) {
-        self.evicted += 1;
-        self.reused += u32::from(was_reused);
-        if self.evicted >= CAP_WINDOW {
-            if self.reused * 8 < self.evicted {
-                self.cap = (self.cap / 2).max(IDLE_CAP_MIN);
-            } else if self.reused * 4 >= self.evicted {
-                self.cap = (self.cap * 2).min(IDLE_CAP_MAX);
-            }
-            self.evicted = 0;
-            self.reused = 0;
-        }
-    }
-
-    /// The FIFO emptied by time: start over at the maximum.
-    fn reset(&mut self) {
-        *self = IdleCap::new();
-    }
-}
+/// The most idle keys one worker keeps waiting for their timeout; beyond this the oldest is
+/// released at once. A hot working set of up to this many keys per worker skips re-creating key
+/// state between tasks, while a flood of one-shot keys costs little: the evicted keys are recent,
+/// so their unlink finds the table's path still warm. Measured against 65,536 (BENCHMARKS.md):
+/// W3 (1 M one-shot keys) 1.2-2x faster with a lower peak RSS; W6 at 100 k keys, whose working
+/// set then fits, 1.6x slower. Releasing an idle key early is invisible to users (its next task
+/// re-creates it).
+pub(crate) const IDLE_CAP: usize = 1 << 10;
 
 /// Entries a worker unlinked and has yet to hand to the epoch, freed in batches of this many
 /// (one deferred call per batch instead of one per key).
@@ -193,7 +126,6 @@ pub(crate) fn released<K>(
     entry_ptr: NonNull<KeyEntry<K>>,
     guard: &Guard,
     fifo: &mut VecDeque<IdleItem<K>>,
-    cap: &mut IdleCap,
     garbage: &mut Garbage<K>,
     now: &mut u64,
 ) where
@@ -218,20 +150,13 @@ pub(crate) fn released<K>(
             entry: entry_ptr,
             deadline: *now + timeout,
         });
-        let mut budget = EVICTIONS_PER_RELEASE;
-        while fifo.len() > cap.get() && budget > 0 {
-            budget -= 1;
-            if let Some(was_reused) = reap_front(shared, fifo, garbage, guard, *now, timeout, true)
-            {
-                cap.evicted(was_reused);
-            }
+        while fifo.len() > IDLE_CAP {
+            reap_front(shared, fifo, garbage, guard, *now, timeout, true);
         }
     }
 }
 
-/// Takes the oldest item and acts on it (`force`: whatever its deadline). Returns whether the
-/// key had been reused while its item waited (released again since, or active now), or `None`
-/// if the FIFO was empty.
+/// Takes the oldest item and acts on it (`force`: whatever its deadline).
 fn reap_front<K>(
     shared: &Shared<K>,
     fifo: &mut VecDeque<IdleItem<K>>,
@@ -240,28 +165,20 @@ fn reap_front<K>(
     now: u64,
     timeout: u64,
     force: bool,
-) -> Option<bool>
-where
+) where
     K: std::hash::Hash + Eq + Send + Sync + 'static,
 {
-    let item = fifo.pop_front()?;
+    let Some(item) = fifo.pop_front() else { return };
     // SAFETY: we hold the key's only idle item, so nobody else retires (and frees) it.
     let entry = unsafe { item.entry.as_ref() };
     let ks = entry.value();
-    let released_again = ks.idle.last_release() + timeout > item.deadline;
     match ks.idle.reap(&ks.chain, now, timeout, force) {
-        Reap::Retired => {
-            unlink(shared, entry, guard, garbage);
-            Some(released_again)
-        }
-        Reap::Requeue(deadline) => {
-            fifo.push_back(IdleItem {
-                entry: item.entry,
-                deadline,
-            });
-            Some(true)
-        }
-        Reap::Dropped => Some(true),
+        Reap::Retired => unlink(shared, entry, guard, garbage),
+        Reap::Requeue(deadline) => fifo.push_back(IdleItem {
+            entry: item.entry,
+            deadline,
+        }),
+        Reap::Dropped => {}
     }
 }
 
@@ -269,7 +186,6 @@ where
 pub(crate) fn reap<K>(
     shared: &Shared<K>,
     fifo: &mut VecDeque<IdleItem<K>>,
-    cap: &mut IdleCap,
     garbage: &mut Garbage<K>,
     now: u64,
     all: bool,
@@ -286,61 +202,5 @@ pub(crate) fn reap<K>(
             break;
         }
         reap_front(shared, fifo, garbage, &guard, now, timeout, all);
-    }
-    if fifo.is_empty() {
-        cap.reset();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cap_shrinks_when_evicted_keys_never_came_back() {
-        let mut cap = IdleCap::new();
-        assert_eq!(cap.get(), IDLE_CAP_MAX);
-        for _ in 0..CAP_WINDOW {
-            cap.evicted(false);
-        }
-        assert_eq!(cap.get(), IDLE_CAP_MAX / 2);
-        for _ in 0..64 * CAP_WINDOW {
-            cap.evicted(false);
-        }
-        assert_eq!(cap.get(), IDLE_CAP_MIN, "never below the minimum");
-    }
-
-    #[test]
-    fn cap_grows_when_evicted_keys_were_being_reused() {
-        let mut cap = IdleCap::new();
-        for _ in 0..3 * CAP_WINDOW {
-            cap.evicted(false);
-        }
-        assert_eq!(cap.get(), IDLE_CAP_MAX / 8);
-        // One in three evicted keys had been reused: the cache is too small for them.
-        for i in 0..CAP_WINDOW {
-            cap.evicted(i % 3 == 0);
-        }
-        assert_eq!(cap.get(), IDLE_CAP_MAX / 4);
-        for i in 0..64 * CAP_WINDOW {
-            cap.evicted(i % 2 == 0);
-        }
-        assert_eq!(cap.get(), IDLE_CAP_MAX, "never above the maximum");
-    }
-
-    #[test]
-    fn cap_holds_in_between_and_resets() {
-        let mut cap = IdleCap::new();
-        for _ in 0..CAP_WINDOW {
-            cap.evicted(false);
-        }
-        let c = cap.get();
-        // One in six reused: neither pure cost nor clearly too small.
-        for i in 0..CAP_WINDOW {
-            cap.evicted(i % 6 == 0);
-        }
-        assert_eq!(cap.get(), c);
-        cap.reset();
-        assert_eq!(cap.get(), IDLE_CAP_MAX);
     }
 }

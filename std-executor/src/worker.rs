@@ -110,8 +110,6 @@ struct WorkerLoop<'a, K> {
     index: usize,
     owned: Option<Owned<K>>,
     idle: VecDeque<IdleItem<K>>,
-    /// The adaptive bound on `idle`.
-    idle_cap: crate::idle::IdleCap,
     /// Unlinked entries waiting for a batched deferred free (`idle.rs`).
     garbage: crate::idle::Garbage<K>,
     searching: bool,
@@ -135,7 +133,6 @@ where
             index,
             owned: Some(owned),
             idle: VecDeque::new(),
-            idle_cap: crate::idle::IdleCap::new(),
             garbage: Vec::new(),
             searching: true,
             tick: 0,
@@ -478,7 +475,6 @@ where
             entry_ptr,
             guard,
             &mut self.idle,
-            &mut self.idle_cap,
             &mut self.garbage,
             &mut self.now,
         );
@@ -493,7 +489,6 @@ where
             crate::idle::reap(
                 self.shared,
                 &mut self.idle,
-                &mut self.idle_cap,
                 &mut self.garbage,
                 self.now,
                 all,
