@@ -1,5 +1,6 @@
-//! Type-erased task nodes: one allocation per task (from [`nodes`](crate::nodes)'s recycled size classes) holding the chain link, a vtable, the
-//! task's kind and the job itself.
+//! Type-erased task nodes: one allocation per task (from [`nodes`](crate::nodes)'s recycled
+//! size classes) holding the chain link, a vtable, the task's kind and the job itself; a
+//! permit-gated task's node also carries its permit request (`Gated`).
 //!
 //! A node is owned by exactly one party at a time: the submitter until its push succeeds, then
 //! the key's chain (or a ready queue, for unkeyed tasks), then the worker that popped it, or a
