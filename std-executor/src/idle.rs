@@ -115,7 +115,8 @@ where
     if let Some(taken) = shared.table.unlink_take(entry, guard) {
         garbage.push(taken);
         if garbage.len() >= GARBAGE_BATCH {
-            shared.table.defer_free(std::mem::take(garbage), guard);
+            let batch = std::mem::replace(garbage, Vec::with_capacity(GARBAGE_BATCH));
+            shared.table.defer_free(batch, guard);
         }
     }
 }
