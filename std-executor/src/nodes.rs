@@ -153,6 +153,38 @@ unsafe impl keyserial_core::table::EntryAlloc for Recycled {
 mod tests {
     use super::*;
 
+    /// A block freed from a thread-local destructor that runs after the thread's caches are
+    /// gone (TLS destructors run in reverse order of registration) takes the fallback path, and
+    /// one allocated there can be freed anywhere.
+    #[test]
+    fn alloc_and_free_after_the_caches_are_destroyed() {
+        struct FreeOnExit(Option<NonNull<u8>>);
+        impl Drop for FreeOnExit {
+            fn drop(&mut self) {
+                let layout = Layout::new::<[u64; 4]>();
+                if let Some(p) = self.0.take() {
+                    // SAFETY: allocated below with `layout`, freed once.
+                    unsafe { free(p, layout) };
+                }
+                let q = alloc(layout);
+                // SAFETY: from `alloc(layout)` just now, freed once.
+                unsafe { free(q, layout) };
+            }
+        }
+        thread_local! {
+            static LATE: std::cell::RefCell<FreeOnExit> =
+                const { std::cell::RefCell::new(FreeOnExit(None)) };
+        }
+        std::thread::spawn(|| {
+            // Registered first, so destroyed last: after CACHES.
+            LATE.with(|_| ());
+            let p = alloc(Layout::new::<[u64; 4]>());
+            LATE.with(|l| l.borrow_mut().0 = Some(p));
+        })
+        .join()
+        .unwrap();
+    }
+
     #[test]
     fn classes() {
         assert_eq!(class_of(Layout::new::<[u8; 1]>()), Some(0));
