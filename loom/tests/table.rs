@@ -2,6 +2,15 @@
 //! atomics are not loom's, so reclamation is treated as a correct black box (loom runs one
 //! thread at a time, which crossbeam's SeqCst reasoning covers); what is explored is every
 //! interleaving of the table's own CASes.
+//!
+//! One thing the black box must be told: pinning and flushing are SeqCst fences in
+//! crossbeam-epoch, and that is what makes a thread that pins after an unlink see the unlink.
+//! Loom does not see those fences, so without help it lets a reader that pinned after the
+//! unlinker's flush (in schedule order) still load the unlinked pointer from the slot, while the
+//! real epoch, which saw nobody pinned, has already freed the entry: a use-after-free of the
+//! model, not of the table. [`pin`] and [`flush`] add the fences loom can see. (The model of the
+//! lookup racing reclamation used to pass only because the freed memory still looked valid; it
+//! crashed as soon as the entry's layout changed.)
 #![cfg(loom)]
 
 use std::collections::hash_map::DefaultHasher;
@@ -9,11 +18,25 @@ use std::hash::BuildHasherDefault;
 
 use keyserial_core::chain::{BoxNode, Chain, Retired};
 use keyserial_core::table::{Retire, Table};
-use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::sync::atomic::{fence, AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
 type H = BuildHasherDefault<DefaultHasher>;
+
+/// Pins, with the SeqCst fence crossbeam-epoch's pin performs, made visible to loom.
+fn pin(h: &crossbeam_epoch::LocalHandle) -> crossbeam_epoch::Guard {
+    let g = h.pin();
+    fence(Ordering::SeqCst);
+    g
+}
+
+/// Flushes the thread's deferred frees, after the SeqCst fence crossbeam-epoch performs before
+/// it tries to advance the epoch, made visible to loom.
+fn flush(h: &crossbeam_epoch::LocalHandle) {
+    fence(Ordering::SeqCst);
+    h.pin().flush();
+}
 
 /// A chain that records, in a flag the model can read, when it is freed.
 struct Probe {
@@ -42,7 +65,7 @@ fn two_inserters_of_one_key_get_one_chain() {
                 let t = t.clone();
                 thread::spawn(move || {
                     let h = t.register();
-                    let g = h.pin();
+                    let g = pin(&h);
                     t.get_or_insert_with(1, Chain::new, &g) as *const _ as usize
                 })
             })
@@ -79,7 +102,7 @@ fn two_inserters_of_colliding_keys_both_land() {
                 let t = t.clone();
                 thread::spawn(move || {
                     let h = t.register();
-                    let g = h.pin();
+                    let g = pin(&h);
                     t.get_or_insert_with(k, Chain::new, &g);
                 })
             })
@@ -88,7 +111,7 @@ fn two_inserters_of_colliding_keys_both_land() {
             j.join().unwrap();
         }
         let h = t.register();
-        let g = h.pin();
+        let g = pin(&h);
         assert!(t.get(&4, &g).is_some() && t.get(&8, &g).is_some());
         assert_eq!(t.len(), 2);
     });
@@ -101,7 +124,7 @@ fn lookup_racing_unlink_and_reclamation_never_sees_freed_memory() {
         let freed = Arc::new(AtomicBool::new(false));
         {
             let h = t.register();
-            let g = h.pin();
+            let g = pin(&h);
             let f = freed.clone();
             t.get_or_insert_with(
                 1,
@@ -115,7 +138,7 @@ fn lookup_racing_unlink_and_reclamation_never_sees_freed_memory() {
         let t2 = t.clone();
         let reader = thread::spawn(move || {
             let h = t2.register();
-            let g = h.pin();
+            let g = pin(&h);
             if let Some(e) = t2.get(&1, &g) {
                 // Still pinned: whatever happened to the entry, its memory is alive.
                 assert!(
@@ -127,14 +150,14 @@ fn lookup_racing_unlink_and_reclamation_never_sees_freed_memory() {
         });
         {
             let h = t.register();
-            let g = h.pin();
+            let g = pin(&h);
             let e = t.get(&1, &g).unwrap();
             assert!(e.value().chain.try_retire());
             assert!(t.unlink(e, &g));
             drop(g);
             // Push reclamation as far as it goes.
             for _ in 0..3 {
-                h.pin().flush();
+                flush(&h);
             }
         }
         reader.join().unwrap();
@@ -151,13 +174,13 @@ fn pusher_meeting_a_retired_chain_goes_back_to_the_table() {
         let t: Arc<Table<u32, Chain<BoxNode<u32>>, H>> = Arc::new(Table::with_hasher(H::default()));
         {
             let h = t.register();
-            let g = h.pin();
+            let g = pin(&h);
             t.get_or_insert_with(1, Chain::new, &g);
         }
         let t2 = t.clone();
         let retirer = thread::spawn(move || {
             let h = t2.register();
-            let g = h.pin();
+            let g = pin(&h);
             if let Some(e) = t2.get(&1, &g) {
                 if e.value().try_retire() {
                     t2.unlink(e, &g);
@@ -165,7 +188,7 @@ fn pusher_meeting_a_retired_chain_goes_back_to_the_table() {
             }
         });
         let h = t.register();
-        let g = h.pin();
+        let g = pin(&h);
         let mut v = 42;
         let mut attempts = 0;
         let entry = loop {
