@@ -319,8 +319,9 @@ impl<'d, const N: usize> Cache<'d, N> {
     /// Gives a block back to the cache.
     ///
     /// # Safety
-    /// `block` was returned by [`alloc`](Cache::alloc) of a cache over the same depot (any
-    /// thread's), it is not used any more, and it is freed once.
+    /// `block` has the depot's [`layout`](Depot::layout) and came either from
+    /// [`alloc`](Cache::alloc) of a cache over the same depot (any thread's) or from the global
+    /// allocator with that layout; it is not used any more, and it is freed once.
     #[inline]
     pub unsafe fn free(&mut self, block: NonNull<u8>) {
         if self.current.is_full() {

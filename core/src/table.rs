@@ -542,6 +542,11 @@ impl<K, V, S, A: EntryAlloc> Table<K, V, S, A> {
     fn root(&self, hash: u64) -> &AtomicUsize {
         &self.roots[(hash & ROOT_MASK) as usize]
     }
+
+    /// This table's identity: the address of its root array (stable when the table moves).
+    fn id(&self) -> usize {
+        self.roots.as_ptr() as usize
+    }
 }
 
 impl<K: Hash + Eq, V, S: BuildHasher, A: EntryAlloc> Table<K, V, S, A> {
@@ -891,7 +896,7 @@ where
                         }
                     }
                     // Our CAS removed the entry from its only slot: it is ours to reclaim.
-                    return Some(Unlinked::new(untag::<Entry<K, V>>(word)));
+                    return Some(Unlinked::new(untag::<Entry<K, V>>(word), self.id()));
                 }
                 INNER => {
                     // SAFETY: published inner nodes stay allocated while we are pinned.
@@ -943,7 +948,7 @@ where
                         }
                     }
                     // Our CAS unpublished `entry` (listed once, in this node only).
-                    return Some(Unlinked::new(victim));
+                    return Some(Unlinked::new(victim, self.id()));
                 }
             }
         }
@@ -965,7 +970,19 @@ where
     /// ```
     pub fn defer_free(&self, batch: impl IntoIterator<Item = Unlinked<K, V>>, guard: &Guard) {
         self.check_guard(guard);
-        let ptrs: Vec<SendPtr<Entry<K, V>>> = batch.into_iter().map(Unlinked::into_raw).collect();
+        let id = self.id();
+        let mut batch = batch.into_iter();
+        let mut ptrs: Vec<SendPtr<Entry<K, V>>> = Vec::with_capacity(batch.size_hint().0);
+        while let Some(u) = batch.next() {
+            if u.table != id {
+                // Freeing it here would use the wrong epoch (its readers pin the other table's
+                // collector) and maybe the wrong allocator: leak this batch instead.
+                core::mem::forget(u);
+                batch.for_each(core::mem::forget);
+                panic!("an Unlinked entry must be freed by the table it was taken from");
+            }
+            ptrs.push(u.into_raw());
+        }
         if ptrs.is_empty() {
             return;
         }
@@ -1021,6 +1038,9 @@ where
 /// [`Table::defer_free`]; dropping it instead leaks the entry (never frees it too early).
 pub struct Unlinked<K, V> {
     ptr: NonNull<Entry<K, V>>,
+    /// The table it came from ([`Table::id`]): only that table may free it (its epoch protects
+    /// the entry's readers, its allocator made the entry).
+    table: usize,
 }
 
 // SAFETY: the token is the unique owner of an entry nobody else can reach any more; moving it
@@ -1028,9 +1048,10 @@ pub struct Unlinked<K, V> {
 unsafe impl<K: Send, V: Send> Send for Unlinked<K, V> {}
 
 impl<K, V> Unlinked<K, V> {
-    fn new(ptr: *const Entry<K, V>) -> Self {
+    fn new(ptr: *const Entry<K, V>, table: usize) -> Self {
         Unlinked {
             ptr: NonNull::new(ptr as *mut Entry<K, V>).expect("unlinked entries are not null"),
+            table,
         }
     }
 
@@ -1262,6 +1283,78 @@ impl<K, V, S, A: EntryAlloc> Drop for Table<K, V, S, A> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Entries through a size-class allocator that rounds every layout up (as the executor's
+    /// recycling caches do): alloc and free must agree on the layout on every path (published,
+    /// unpublished, replaced, unlinked, and left in the table when it drops).
+    #[test]
+    fn entries_through_a_rounding_allocator() {
+        use crate::chain::{BoxNode, Chain};
+        use std::collections::hash_map::RandomState;
+        struct Rounding;
+        fn class(layout: Layout) -> Layout {
+            Layout::from_size_align(layout.size().max(64).next_power_of_two(), 16).unwrap()
+        }
+        // SAFETY: both directions use `class(layout)` with the global allocator.
+        unsafe impl EntryAlloc for Rounding {
+            fn alloc(layout: Layout) -> NonNull<u8> {
+                // SAFETY: `class` never yields a zero size.
+                NonNull::new(unsafe { std::alloc::alloc(class(layout)) }).unwrap()
+            }
+            unsafe fn free(block: NonNull<u8>, layout: Layout) {
+                // SAFETY: per the trait's contract the block came from `alloc(layout)`.
+                unsafe { std::alloc::dealloc(block.as_ptr(), class(layout)) }
+            }
+        }
+        let t: Table<u32, Chain<BoxNode<u32>>, RandomState, Rounding> =
+            Table::with_hasher(RandomState::new());
+        let h = t.register();
+        let g = h.pin();
+        let mut garbage = Vec::new();
+        for k in 0..200u32 {
+            let e = t.get_or_insert_with(k, Chain::new, &g);
+            assert_eq!(e.value().push_value(k), Ok(crate::chain::Pushed::Activated));
+            if k % 3 == 0 {
+                // SAFETY: the push activated the chain, so we own it.
+                unsafe {
+                    assert_eq!(e.value().pop_value(), Some(k));
+                    assert!(e.value().try_release());
+                }
+                assert!(e.value().try_retire());
+                if k % 2 == 0 {
+                    garbage.extend(t.unlink_take(e, &g));
+                } else {
+                    // Replaced by a re-insert of the same key.
+                    let fresh = t.get_or_insert_with(k, Chain::new, &g);
+                    assert!(!core::ptr::eq(fresh, e));
+                    assert!(t.unlink_take(e, &g).is_none());
+                }
+            }
+        }
+        t.defer_free(garbage, &g);
+        drop(g);
+        drop(h);
+        drop(t); // frees the live entries (some with a queued task) through `Rounding`
+    }
+
+    #[test]
+    #[should_panic(expected = "freed by the table it was taken from")]
+    #[cfg_attr(
+        miri,
+        ignore = "the misused entry is leaked on purpose, which Miri reports"
+    )]
+    fn an_unlinked_entry_is_freed_only_by_its_own_table() {
+        use crate::chain::{BoxNode, Chain};
+        use std::collections::hash_map::RandomState;
+        let a: Table<u8, Chain<BoxNode<()>>, RandomState> = Table::with_hasher(RandomState::new());
+        let b: Table<u8, Chain<BoxNode<()>>, RandomState> = Table::with_hasher(RandomState::new());
+        let ga = a.register().pin();
+        let gb = b.register().pin();
+        let e = a.get_or_insert_with(1, Chain::new, &ga);
+        assert!(e.value().try_retire());
+        let taken = a.unlink_take(e, &ga);
+        b.defer_free(taken, &gb);
+    }
     use crate::chain::{BoxNode, Chain, Pushed};
     use core::hash::{BuildHasherDefault, Hasher};
     use std::collections::hash_map::RandomState;

@@ -36,12 +36,17 @@ fn a_freeing_and_an_allocating_cache_never_share_a_block() {
         let d2 = depot.clone();
         let taker = thread::spawn(move || {
             let mut cache = Cache::new(&*d2);
-            let held: Vec<Block> = (0..BATCH + 2).map(|_| Block(cache.alloc())).collect();
+            let mut held: Vec<Block> = (0..BATCH + 2).map(|_| Block(cache.alloc())).collect();
             for b in &held {
                 // SAFETY: a block we hold, of at least 32 bytes.
                 unsafe { b.0.as_ptr().write_bytes(0xAB, 32) };
             }
-            std::mem::forget(cache); // keep nothing cached: every held block is in use
+            // Take out whatever the cache still holds too, so every block this thread got is
+            // checked below and the emptied cache can be forgotten without leaking.
+            let cached = cache.cached();
+            held.extend((0..cached).map(|_| Block(cache.alloc())));
+            assert_eq!(cache.cached(), 0);
+            std::mem::forget(cache);
             held
         });
         freer.join().unwrap();

@@ -13,7 +13,8 @@
 //!
 //! The depots are statics and are never emptied: the blocks they hold at process exit are
 //! bounded (64 magazines of 32 blocks per class) and returned to the system with the process.
-//! Miri's leak check reports them; run this crate's tests under Miri with `-Zmiri-ignore-leaks`.
+//! Blocks still in the main thread's cache at exit (its thread-local destructors need not run)
+//! show up in Miri's leak check; run this crate's tests under Miri with `-Zmiri-ignore-leaks`.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -87,7 +88,8 @@ fn block_layout(layout: Layout) -> Layout {
 /// Memory for a value of `layout` (not zero-sized).
 #[inline]
 pub(crate) fn alloc(layout: Layout) -> NonNull<u8> {
-    debug_assert!(layout.size() > 0);
+    // Nodes and entries always have a header; a constant per call site, so this costs nothing.
+    assert!(layout.size() > 0, "nodes are never zero-sized");
     #[cfg(not(loom))]
     if let Some(c) = class_of(layout) {
         if let Ok(Some(p)) = cached::CACHES.try_with(|caches| {
@@ -115,9 +117,9 @@ pub(crate) unsafe fn free(p: NonNull<u8>, layout: Layout) {
     if let Some(c) = class_of(layout) {
         let cached = cached::CACHES.try_with(|caches| match caches.try_borrow_mut() {
             Ok(mut caches) => {
-                // SAFETY: a block of class `c` (every path of `alloc` gives class blocks the
-                // class layout, whichever cache or allocator produced them); per the contract
-                // it is unused and freed once.
+                // SAFETY: a block of class `c`'s layout, from a cache over `DEPOTS[c]` or from
+                // the global allocator with that layout (`alloc`'s fallback): both are what
+                // `Cache::free` accepts; per the contract it is unused and freed once.
                 unsafe { caches[c].free(p) };
                 true
             }
