@@ -411,7 +411,8 @@ fn json_metrics(metrics: &[Metric], value: impl Fn(usize) -> Option<f64>) -> Str
     format!("{{{}}}", fields.join(", "))
 }
 
-fn render_json(args: &Args, results: &[(Workload, Vec<Row>)], ok: bool) -> String {
+/// `results`: each workload, its rows, and W1's measured floor in nanoseconds (else `None`).
+fn render_json(args: &Args, results: &[(Workload, Vec<Row>, Option<f64>)], ok: bool) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "{{");
     let _ = writeln!(o, "  \"workers\": {},", args.workers);
@@ -419,7 +420,7 @@ fn render_json(args: &Args, results: &[(Workload, Vec<Row>)], ok: bool) -> Strin
     let _ = writeln!(o, "  \"quick\": {},", args.size == Size::Quick);
     let _ = writeln!(o, "  \"ok\": {ok},");
     let _ = writeln!(o, "  \"workloads\": [");
-    for (wi, (w, rows)) in results.iter().enumerate() {
+    for (wi, (w, rows, floor)) in results.iter().enumerate() {
         let metrics = w.metrics();
         let ks = rows
             .iter()
@@ -431,6 +432,9 @@ fn render_json(args: &Args, results: &[(Workload, Vec<Row>)], ok: bool) -> Strin
         let _ = writeln!(o, "      \"keys\": {},", w.keys());
         let _ = writeln!(o, "      \"tasks\": {},", w.tasks());
         let _ = writeln!(o, "      \"primary\": {},", json_str(metrics[0].key));
+        if let Some(f) = floor {
+            let _ = writeln!(o, "      \"measured_floor_ns\": {},", json_num(*f));
+        }
         let _ = writeln!(o, "      \"rows\": [");
         for (ri, r) in rows.iter().enumerate() {
             let mut fields = vec![format!("\"executor\": {}", json_str(r.contender.id()))];
@@ -575,7 +579,7 @@ fn main() -> ExitCode {
     pb.enable_steady_tick(Duration::from_millis(200));
 
     let started = Instant::now();
-    let mut results: Vec<(Workload, Vec<Row>)> = Vec::new();
+    let mut results: Vec<(Workload, Vec<Row>, Option<f64>)> = Vec::new();
     let mut failed = false;
     for w in &workloads {
         let mut rows: Vec<Row> = contenders
@@ -623,27 +627,28 @@ fn main() -> ExitCode {
             }
         }
         failed |= rows.iter().any(Row::failed);
-        let table = render_table(w, &rows, args.workers, median(floor));
+        let floor = median(floor);
+        let table = render_table(w, &rows, args.workers, floor);
         pb.suspend(|| emit(&table));
-        results.push((w.clone(), rows));
+        results.push((w.clone(), rows, floor));
     }
     pb.finish_and_clear();
 
     let keyed_runs: usize = results
         .iter()
-        .flat_map(|(_, rows)| rows.iter())
+        .flat_map(|(_, rows, _)| rows.iter())
         .filter(|r| r.contender.is_ordered())
         .map(|r| r.runs.len())
         .sum();
     let violations: u64 = results
         .iter()
-        .flat_map(|(_, rows)| rows.iter())
+        .flat_map(|(_, rows, _)| rows.iter())
         .filter(|r| r.contender.is_ordered())
         .map(Row::violations)
         .sum();
     let lost = results
         .iter()
-        .flat_map(|(_, rows)| rows.iter())
+        .flat_map(|(_, rows, _)| rows.iter())
         .filter(|r| !r.all_ran())
         .map(|r| r.contender.id())
         .collect::<Vec<_>>();
@@ -748,9 +753,10 @@ mod tests {
             json: None,
             timeout: Duration::from_secs(1),
         };
-        let j = render_json(&args, &[(w, rows)], true);
+        let j = render_json(&args, &[(w, rows, Some(1.0e8))], true);
         assert!(j.contains("\"executor\": \"striped\""), "{j}");
         assert!(j.contains("\"skipped\": \"skipped (5 threads)\""), "{j}");
+        assert!(j.contains("\"measured_floor_ns\": 100000000"), "{j}");
         assert_eq!(json_str("a\"b\\\n"), "\"a\\\"b\\\\\\n\"");
     }
 }
