@@ -957,6 +957,10 @@ where
     /// Frees entries taken out by [`unlink_take`](Self::unlink_take) once every guard that could
     /// have seen them is gone, with **one** deferred call for the whole batch.
     ///
+    /// # Panics
+    /// If an entry was taken out of another table (its readers pin that table's collector, and
+    /// that table's allocator made it): the batch is then leaked, never freed early.
+    ///
     /// ```
     /// # use keyserial_core::chain::{BoxNode, Chain};
     /// # use keyserial_core::table::Table;

@@ -23,6 +23,14 @@ use std::ptr::NonNull;
 const CLASS_SIZES: [usize; 4] = [64, 128, 256, 512];
 const CLASS_ALIGN: usize = 16;
 
+/// The layout of every block of the class of `size`.
+const fn class_layout(size: usize) -> Layout {
+    match Layout::from_size_align(size, CLASS_ALIGN) {
+        Ok(l) => l,
+        Err(_) => panic!("bad class layout"),
+    }
+}
+
 /// Smallest class able to hold `layout`, if any.
 #[inline]
 const fn class_of(layout: Layout) -> Option<usize> {
@@ -45,17 +53,10 @@ mod cached {
 
     use keyserial_core::recycle::{Cache, Depot};
 
-    use super::{CLASS_ALIGN, CLASS_SIZES};
+    use super::{class_layout, CLASS_SIZES};
 
     /// Magazines kept per class beyond the threads' own.
     const DEPOT_MAGAZINES: usize = 64;
-
-    const fn class_layout(size: usize) -> std::alloc::Layout {
-        match std::alloc::Layout::from_size_align(size, CLASS_ALIGN) {
-            Ok(l) => l,
-            Err(_) => panic!("bad class layout"),
-        }
-    }
 
     pub(super) static DEPOTS: [Depot<DEPOT_MAGAZINES>; 4] = [
         Depot::new(class_layout(CLASS_SIZES[0])),
@@ -80,7 +81,7 @@ mod cached {
 #[inline]
 fn block_layout(layout: Layout) -> Layout {
     match class_of(layout) {
-        Some(c) => Layout::from_size_align(CLASS_SIZES[c], CLASS_ALIGN).expect("class layout"),
+        Some(c) => class_layout(CLASS_SIZES[c]),
         None => layout,
     }
 }
