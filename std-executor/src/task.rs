@@ -308,6 +308,9 @@ impl TaskRef {
 
     /// Takes the permits granted while the task waited, if any.
     pub(crate) fn take_granted(&mut self) -> Option<Permit> {
+        if !self.header().vtable.gated {
+            return None; // every plain task, on the hot path: no indirect call
+        }
         // SAFETY: the vtable matches the node; we own it exclusively (`&mut self`).
         let slot = unsafe { (self.header().vtable.granted)(self.0) }?;
         // SAFETY: the slot lives in our node and nothing else refers to it.
