@@ -10,6 +10,20 @@
 //! `ACTIVE` baton, so stealing never reorders a key. Every 61st look starts at the injector so a
 //! busy deque cannot starve it.
 //!
+//! # Stalled siblings
+//!
+//! A worker inside a long task (a sleep, blocking I/O) cannot hand over what waits in its deque
+//! and injector, and a sibling busy with its own queues would reach them only once those run dry:
+//! a burst of short tasks then waits behind one slow task, the head-of-line blocking this library
+//! exists to avoid. So each time it has started [`STALL_CHECK`] tasks, a worker reads each
+//! sibling's `started` counter (one load per sibling; the counter is bumped once per task). A sibling whose counter has not
+//! moved since the previous check while its queues hold work is *stalled*: until the next check
+//! this worker looks at the stalled siblings' deques before its own (they cannot grow while their
+//! owner is stuck, so this ends) and, every other look, at their injectors (which keep receiving
+//! the keys that last ran there; alternating keeps this worker's own injector served). Stealing is
+//! the ordinary whole-chain steal, so order is unaffected; a sibling wrongly judged stalled only
+//! loses some locality.
+//!
 //! # Draining and fairness
 //!
 //! The worker owns the chain it popped. It runs at most `fairness_budget` tasks, then, if the chain
@@ -42,6 +56,9 @@ use crate::PendingTask;
 
 /// How many rounds an idle worker spins (re-searching) before it parks.
 const SPIN_ROUNDS: u32 = 16;
+
+/// A worker looks for stalled siblings each time it has started this many tasks.
+const STALL_CHECK: u64 = 64;
 
 thread_local! {
     /// The serializer and slot of the worker running on this thread, and its local deque.
@@ -115,6 +132,12 @@ struct WorkerLoop<'a, K> {
     searching: bool,
     tick: u32,
     now: u64,
+    /// Each slot's `started` count at the last stall check (this worker's own too).
+    seen: Vec<u64>,
+    /// Siblings judged stalled at the last check (see "Stalled siblings").
+    stalled: Vec<usize>,
+    /// Alternates between a stalled sibling's injector and this worker's own queues.
+    flip: bool,
 }
 
 enum After {
@@ -137,6 +160,9 @@ where
             searching: true,
             tick: 0,
             now: shared.now_ms(),
+            seen: vec![0; shared.slots.len()],
+            stalled: Vec::new(),
+            flip: false,
         }
     }
 
@@ -310,12 +336,47 @@ where
         }
     }
 
+    /// Re-reads the siblings' progress: a sibling that started no task since the last check and
+    /// has queued work is stalled.
+    fn check_stalls(&mut self) {
+        self.stalled.clear();
+        for (i, other) in self.shared.slots.iter().enumerate() {
+            if i == self.index {
+                self.seen[i] = other.counters.started.load(Ordering::Relaxed);
+                continue;
+            }
+            let started = other.counters.started.load(Ordering::Relaxed);
+            if started == self.seen[i] && !(other.stealer.is_empty() && other.injector.is_empty()) {
+                self.stalled.push(i);
+            }
+            self.seen[i] = started;
+        }
+    }
+
     fn find_work(&mut self) -> Option<Runnable<K>> {
-        let deque = &self.owned.as_ref()?.deque;
         self.tick = self.tick.wrapping_add(1);
+        let mine = self.slot.counters.started.load(Ordering::Relaxed);
+        if mine.wrapping_sub(self.seen[self.index]) >= STALL_CHECK {
+            self.check_stalls();
+        }
+        let deque = &self.owned.as_ref()?.deque;
         if self.tick % 61 == 0 {
             if let Some(r) = steal_into(|| self.slot.injector.steal_batch_and_pop(deque)) {
                 return Some(r);
+            }
+        }
+        if !self.stalled.is_empty() {
+            self.flip = !self.flip;
+            for &i in &self.stalled {
+                let other = &self.shared.slots[i];
+                if let Some(r) = steal_into(|| other.stealer.steal_batch_and_pop(deque)) {
+                    return Some(r);
+                }
+                if self.flip {
+                    if let Some(r) = steal_into(|| other.injector.steal_batch_and_pop(deque)) {
+                        return Some(r);
+                    }
+                }
             }
         }
         if let Some(r) = deque.pop() {

@@ -120,6 +120,60 @@ fn a_blocked_key_does_not_stop_other_keys() {
     assert_eq!(behind.join().unwrap(), "after");
 }
 
+/// Chains queued on a worker that then blocks must not wait for that task while the other worker
+/// stays busy: the busy worker notices the stalled sibling and takes them (worker.rs, "Stalled
+/// siblings"). Key 2 keeps one worker busy for good with a chain that re-submits itself; key 1's
+/// task, on the other worker, queues 50 keys on its own worker's deque and then blocks until they
+/// have run.
+#[test]
+fn chains_behind_a_blocked_task_move_to_a_busy_sibling() {
+    let s = Arc::new(Builder::<u32>::new().workers(2).build().unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    fn spin_and_resubmit(s: Arc<Serializer<u32>>, stop: Arc<AtomicBool>) {
+        let until = Instant::now() + Duration::from_micros(20);
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+        if !stop.load(Ordering::Relaxed) {
+            let again = s.clone();
+            s.execute(2, move || spin_and_resubmit(again, stop))
+                .unwrap();
+        }
+    }
+    {
+        let (s2, stop2) = (s.clone(), stop.clone());
+        s.execute(2, move || spin_and_resubmit(s2, stop2)).unwrap();
+    }
+    assert!(wait_until(Duration::from_secs(5), || s.stats().running == 1));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let (s1, ran1) = (s.clone(), ran.clone());
+    let blocked = s
+        .submit(1, move || {
+            for k in 100..150 {
+                let ran = ran1.clone();
+                s1.execute(k, move || {
+                    ran.fetch_add(1, Ordering::Relaxed);
+                })
+                .unwrap();
+            }
+            // Blocks this worker until the 50 keys have run elsewhere (or gives up).
+            wait_until(Duration::from_secs(10), || {
+                ran1.load(Ordering::Relaxed) == 50
+            });
+            ran1.load(Ordering::Relaxed)
+        })
+        .unwrap();
+    let ran_meanwhile = blocked.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(
+        ran_meanwhile, 50,
+        "chains that ran while their worker was blocked"
+    );
+    assert!(wait_until(Duration::from_secs(5), || ran
+        .load(Ordering::Relaxed)
+        == 50));
+}
+
 #[test]
 fn blocked_worker_with_elastic_pool_starts_an_extra_worker() {
     let s = Builder::<u32>::new()
