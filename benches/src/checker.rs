@@ -215,18 +215,32 @@ mod tests {
     #[test]
     fn concurrent_overlap_is_detected() {
         // Two threads running the same key's tasks without any serialization must trip the checker.
+        // They start together and run until it notices (or 10 s pass): on a loaded machine one
+        // thread can otherwise finish a fixed count before the other is scheduled at all.
         let c = Checker::new(1);
         let c = &c;
-        std::thread::scope(|s| {
-            for lane in 0..2 {
-                s.spawn(move || {
-                    for seq in 0..200_000u32 {
-                        c.run(0, lane, seq, || std::hint::black_box(seq));
-                    }
-                });
-            }
+        let start = std::sync::Barrier::new(2);
+        let start = &start;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let ran: u64 = std::thread::scope(|s| {
+            let lanes: Vec<_> = (0..2)
+                .map(|lane| {
+                    s.spawn(move || {
+                        start.wait();
+                        let mut seq = 0u32;
+                        while c.violations() == 0 && std::time::Instant::now() < deadline {
+                            for _ in 0..1000 {
+                                c.run(0, lane, seq, || std::hint::black_box(seq));
+                                seq += 1;
+                            }
+                        }
+                        u64::from(seq)
+                    })
+                })
+                .collect();
+            lanes.into_iter().map(|l| l.join().unwrap()).sum()
         });
         assert!(c.violations() > 0, "overlapping runs went unnoticed");
-        assert_eq!(c.ran(), 400_000);
+        assert_eq!(c.ran(), ran);
     }
 }
