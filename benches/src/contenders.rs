@@ -14,6 +14,9 @@ use crate::tokio_actor::TokioActor;
 use crate::unordered::Unordered;
 use crate::workloads::Workload;
 
+/// The queue bound of the `keyserial_bounded` row.
+pub const BOUNDED_CAPACITY: usize = 16_384;
+
 /// Largest number of keys thread-per-key is run with (one OS thread each).
 pub const THREAD_PER_KEY_MAX: usize = 1_024;
 
@@ -28,8 +31,11 @@ pub trait Visit {
 /// One contender.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Contender {
-    /// keyserial's `Serializer<u64>` (see `keyserial_exec`).
+    /// keyserial's `Serializer<u64>` (see `keyserial_exec`), default settings: the headline row.
     Keyserial,
+    /// The same with `capacity(`[`BOUNDED_CAPACITY`]`)`: submitters wait while that many tasks
+    /// are queued (the setting for floods of one-shot keys).
+    KeyserialBounded,
     /// Tasks run inside `submit` on the submitting thread.
     Inline,
     /// An OS thread per key.
@@ -63,6 +69,7 @@ impl Contender {
         let mut v = Vec::new();
         if Self::keyserial_available() {
             v.push(Contender::Keyserial);
+            v.push(Contender::KeyserialBounded);
         }
         v.extend(Self::BASELINES);
         v
@@ -77,6 +84,7 @@ impl Contender {
     pub fn id(self) -> &'static str {
         match self {
             Contender::Keyserial => "keyserial",
+            Contender::KeyserialBounded => "keyserial_bounded",
             Contender::Inline => "inline",
             Contender::ThreadPerKey => "thread_per_key",
             Contender::Lanes1x => "lanes_1x",
@@ -91,7 +99,7 @@ impl Contender {
     pub fn from_id(id: &str) -> Option<Contender> {
         Self::BASELINES
             .into_iter()
-            .chain([Contender::Keyserial])
+            .chain([Contender::Keyserial, Contender::KeyserialBounded])
             .find(|c| c.id() == id)
     }
 
@@ -99,6 +107,9 @@ impl Contender {
     pub fn describe(self, workers: usize) -> String {
         match self {
             Contender::Keyserial => format!("keyserial::Serializer<u64>, {workers} workers, execute()"),
+            Contender::KeyserialBounded => format!(
+                "the same with .capacity({BOUNDED_CAPACITY}): submit waits while that many tasks are queued"
+            ),
             Contender::Inline => "each task run inside submit() on the submitting thread (the work's own cost)".into(),
             Contender::ThreadPerKey => "one OS thread + crossbeam channel per key".into(),
             Contender::Lanes1x => format!("key hash onto {workers} single-thread lanes (crossbeam channel each)"),
@@ -126,7 +137,13 @@ impl Contender {
             Contender::ThreadPerKey if w.keys() > THREAD_PER_KEY_MAX => {
                 Some(format!("skipped ({} threads)", w.keys()))
             }
-            Contender::Keyserial if !KEYSERIAL => Some("not built".into()),
+            Contender::Keyserial | Contender::KeyserialBounded if !KEYSERIAL => {
+                Some("not built".into())
+            }
+            // The bound matters where tasks create keys faster than workers retire them.
+            Contender::KeyserialBounded if !matches!(w.group(), "W3" | "W6") => {
+                Some("run on W3 and W6 only".into())
+            }
             _ => None,
         }
     }
@@ -135,7 +152,8 @@ impl Contender {
     pub fn visit<V: Visit>(self, workers: usize, v: V) -> V::Out {
         let workers = workers.max(1);
         match self {
-            Contender::Keyserial => visit_keyserial(workers, v),
+            Contender::Keyserial => visit_keyserial(workers, None, v),
+            Contender::KeyserialBounded => visit_keyserial(workers, Some(BOUNDED_CAPACITY), v),
             Contender::Inline => v.visit(&Inline::new()),
             Contender::ThreadPerKey => v.visit(&ThreadPerKey::new()),
             Contender::Lanes1x => v.visit(&Lanes::new("lanes_1x", workers)),
@@ -150,8 +168,8 @@ impl Contender {
 // Whether the keyserial row is built in (it is; kept as a switch for builds of the baselines alone).
 const KEYSERIAL: bool = true;
 
-fn visit_keyserial<V: Visit>(workers: usize, v: V) -> V::Out {
-    v.visit(&KeyserialExec::new(workers))
+fn visit_keyserial<V: Visit>(workers: usize, capacity: Option<usize>, v: V) -> V::Out {
+    v.visit(&KeyserialExec::new(workers, capacity))
 }
 
 /// The number of pool threads to use by default: the machine's available parallelism.

@@ -1,7 +1,7 @@
-//! The keyserial row: an adapter from [`KeyedExecutor`] to `keyserial::Serializer<u64>`.
+//! The keyserial rows: an adapter from [`KeyedExecutor`] to `keyserial::Serializer<u64>`.
 //!
 //! It uses only the public API contract (DESIGN.md section 3): `Serializer::builder().workers(n)
-//! .build()` and `execute(key, closure)`. The closure is passed on as it is, wrapped only to count
+//! [.capacity(c)].build()` and `execute(key, closure)`. The closure is passed on as it is, wrapped only to count
 //! its completion: no `Box` (keyserial's own allocation per task is part of what is measured).
 //! Waiting for idle uses the same [`Completion`] counters as every baseline.
 
@@ -21,12 +21,14 @@ pub struct KeyserialExec {
 }
 
 impl KeyserialExec {
-    /// A serializer with `workers` worker threads (everything else at its defaults).
-    pub fn new(workers: usize) -> Self {
-        let ser = Serializer::<u64>::builder()
-            .workers(workers)
-            .build()
-            .expect("valid builder settings");
+    /// A serializer with `workers` worker threads and, if given, a queue bound of `capacity`
+    /// tasks (everything else at its defaults).
+    pub fn new(workers: usize, capacity: Option<usize>) -> Self {
+        let mut builder = Serializer::<u64>::builder().workers(workers);
+        if let Some(c) = capacity {
+            builder = builder.capacity(c);
+        }
+        let ser = builder.build().expect("valid builder settings");
         KeyserialExec {
             ser,
             done: Arc::new(Completion::new()),

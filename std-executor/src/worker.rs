@@ -16,13 +16,14 @@
 //! and injector, and a sibling busy with its own queues would reach them only once those run dry:
 //! a burst of short tasks then waits behind one slow task, the head-of-line blocking this library
 //! exists to avoid. So each time it has started [`STALL_CHECK`] tasks, a worker reads each
-//! sibling's `started` counter (one load per sibling; the counter is bumped once per task). A sibling whose counter has not
-//! moved since the previous check while its queues hold work is *stalled*: until the next check
-//! this worker looks at the stalled siblings' deques before its own (they cannot grow while their
-//! owner is stuck, so this ends) and, every other look, at their injectors (which keep receiving
-//! the keys that last ran there; alternating keeps this worker's own injector served). Stealing is
-//! the ordinary whole-chain steal, so order is unaffected; a sibling wrongly judged stalled only
-//! loses some locality.
+//! sibling's `started` counter (one load per sibling; the counter is bumped once per task). A
+//! sibling whose counter has not moved for [`STALL_MS`] while its queues hold work is *stalled*:
+//! before its own queues, this worker then takes one batch from it (from its deque, else from its
+//! injector, which keeps receiving the keys that last ran there). One batch per check drains what
+//! a stuck owner left behind within a few checks. A sibling merely descheduled by the OS looks the
+//! same from outside (with more threads than cores it happens all the time); the time threshold
+//! and the one batch per check keep those false alarms rare and cheap. Stealing is the ordinary
+//! whole-chain steal, so order is unaffected.
 //!
 //! # Draining and fairness
 //!
@@ -59,6 +60,9 @@ const SPIN_ROUNDS: u32 = 16;
 
 /// A worker looks for stalled siblings each time it has started this many tasks.
 const STALL_CHECK: u64 = 64;
+/// A sibling is stalled once its task count has not moved for this many milliseconds (longer
+/// than most of the OS's time slices, so a merely descheduled sibling rarely counts).
+const STALL_MS: u64 = 2;
 
 thread_local! {
     /// The serializer and slot of the worker running on this thread, and its local deque.
@@ -132,12 +136,12 @@ struct WorkerLoop<'a, K> {
     searching: bool,
     tick: u32,
     now: u64,
-    /// Each slot's `started` count at the last stall check (this worker's own too).
-    seen: Vec<u64>,
-    /// Siblings judged stalled at the last check (see "Stalled siblings").
+    /// Each slot's `started` count at the last stall check (this worker's own too), and when
+    /// (`now`, in ms) a sibling's count was last seen to move.
+    seen: Vec<(u64, u64)>,
+    /// Siblings judged stalled at the last check and not yet stolen from (see "Stalled
+    /// siblings").
     stalled: Vec<usize>,
-    /// Alternates between a stalled sibling's injector and this worker's own queues.
-    flip: bool,
 }
 
 enum After {
@@ -160,9 +164,8 @@ where
             searching: true,
             tick: 0,
             now: shared.now_ms(),
-            seen: vec![0; shared.slots.len()],
+            seen: vec![(0, 0); shared.slots.len()],
             stalled: Vec::new(),
-            flip: false,
         }
     }
 
@@ -340,23 +343,26 @@ where
     /// has queued work is stalled.
     fn check_stalls(&mut self) {
         self.stalled.clear();
+        self.now = self.shared.now_ms();
+        let now = self.now;
         for (i, other) in self.shared.slots.iter().enumerate() {
-            if i == self.index {
-                self.seen[i] = other.counters.started.load(Ordering::Relaxed);
-                continue;
-            }
             let started = other.counters.started.load(Ordering::Relaxed);
-            if started == self.seen[i] && !(other.stealer.is_empty() && other.injector.is_empty()) {
+            let (seen, since) = &mut self.seen[i];
+            if i == self.index || started != *seen {
+                *seen = started;
+                *since = now;
+            } else if now.saturating_sub(*since) >= STALL_MS
+                && !(other.stealer.is_empty() && other.injector.is_empty())
+            {
                 self.stalled.push(i);
             }
-            self.seen[i] = started;
         }
     }
 
     fn find_work(&mut self) -> Option<Runnable<K>> {
         self.tick = self.tick.wrapping_add(1);
         let mine = self.slot.counters.started.load(Ordering::Relaxed);
-        if mine.wrapping_sub(self.seen[self.index]) >= STALL_CHECK {
+        if mine.wrapping_sub(self.seen[self.index].0) >= STALL_CHECK {
             self.check_stalls();
         }
         let deque = &self.owned.as_ref()?.deque;
@@ -365,18 +371,15 @@ where
                 return Some(r);
             }
         }
-        if !self.stalled.is_empty() {
-            self.flip = !self.flip;
-            for &i in &self.stalled {
-                let other = &self.shared.slots[i];
-                if let Some(r) = steal_into(|| other.stealer.steal_batch_and_pop(deque)) {
-                    return Some(r);
-                }
-                if self.flip {
-                    if let Some(r) = steal_into(|| other.injector.steal_batch_and_pop(deque)) {
-                        return Some(r);
-                    }
-                }
+        // One batch from each stalled sibling per check: enough to drain what its owner left
+        // behind, too little to matter when the sibling was only descheduled for a while.
+        while let Some(i) = self.stalled.pop() {
+            let other = &self.shared.slots[i];
+            if let Some(r) = steal_into(|| other.stealer.steal_batch_and_pop(deque)) {
+                return Some(r);
+            }
+            if let Some(r) = steal_into(|| other.injector.steal_batch_and_pop(deque)) {
+                return Some(r);
             }
         }
         if let Some(r) = deque.pop() {
