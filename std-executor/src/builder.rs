@@ -155,6 +155,12 @@ where
 
     /// The most queued (admitted, not started) tasks (at least 1).
     ///
+    /// Worth setting when submitters can outrun the workers for long, above all with floods of
+    /// new keys: an unbounded backlog of keys outgrows the caches, and every queued key then costs
+    /// a memory miss when it runs. In the comparison program a bound of 16,384 made one million
+    /// one-shot keys run about 1.2-1.5x faster with a peak of 4-6 MiB instead of 25-100 MiB
+    /// (BENCHMARKS.md, the `keyserial_bounded` row).
+    ///
     /// ```
     /// let s = keyserial::Builder::<u8>::new().capacity(1024).build().unwrap();
     /// # drop(s);
