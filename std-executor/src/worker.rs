@@ -339,7 +339,7 @@ where
         }
     }
 
-    /// Re-reads the siblings' progress: a sibling that started no task since the last check and
+    /// Re-reads the siblings' progress: a sibling that has started no task for [`STALL_MS`] and
     /// has queued work is stalled.
     fn check_stalls(&mut self) {
         self.stalled.clear();
