@@ -1,8 +1,9 @@
 //! The keyserial rows: an adapter from [`KeyedExecutor`] to `keyserial::Serializer<u64>`.
 //!
-//! It uses only the public API contract (DESIGN.md section 3): `Serializer::builder().workers(n)
-//! [.capacity(c)].build()` and `execute(key, closure)`. The closure is passed on as it is, wrapped only to count
-//! its completion: no `Box` (keyserial's own allocation per task is part of what is measured).
+//! It uses only the public API contract (DESIGN.md section 3): `Serializer::builder()`,
+//! `.workers(n)`, `.capacity(c)` (the bounded row only), `.build()` and `execute(key, closure)`.
+//! The closure is passed on as it is, wrapped only to count its completion: no `Box` (keyserial's
+//! own allocation per task is part of what is measured).
 //! Waiting for idle uses the same [`Completion`] counters as every baseline.
 
 use std::sync::Arc;
