@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `push_drain` | enqueue one task for a key and take it back out as the key's runner would |
 //! | `table_hit`, `table_miss` | look up a key in a table of 100,000 keys that has / lacks it |
+//! | `table_retire_backlog` | insert a new key and retire + unlink the oldest of 262,144 live ones |
 //! | `handoff` | put one ready item on a queue and take it off (single thread: the queue's own cost) |
 //! | `semaphore` | acquire and release one permit, uncontended |
 //! | `task_box` | box a task closure and call it (what every boxed baseline pays per task) |
@@ -171,6 +172,8 @@ fn task_box(c: &mut Criterion) {
 /// - `table_hit/keyserial`, `table_miss/keyserial`: `Table::get` in a table of `TABLE_KEYS` keys,
 ///   under a pinned guard.
 /// - `table_insert_retire/keyserial`: a key's whole life: insert, retire, unlink, batched free.
+/// - `table_retire_backlog/keyserial_search`, `.../keyserial_home`: the same with 262,144 keys
+///   between a key's insert and its retirement (a W3 backlog), unlinked by search or from home.
 /// - `handoff/keyserial_bounded`, `handoff/keyserial_unbounded`: the core's ready queues.
 /// - `semaphore/keyserial`: `keyserial::Semaphore` acquire + release of one permit, uncontended.
 fn core_paths(c: &mut Criterion) {
@@ -246,6 +249,61 @@ fn core_paths(c: &mut Criterion) {
         })
     });
     table.defer_free(std::mem::take(&mut garbage), &handle.pin());
+    g.finish();
+
+    // A backlog of one-shot keys, as when one submitter outruns the workers (W3): each
+    // iteration inserts a new key and retires the oldest of BACKLOG live ones, whose path has
+    // long left the caches. `keyserial_search` unlinks by walking the path again,
+    // `keyserial_home` through the entry's home slot (what the executor does).
+    const BACKLOG: usize = 262_144;
+    let mut g = config(c, "table_retire_backlog");
+    for home in [false, true] {
+        let backlog: Table<u64, Chain<BoxNode<Task>>, RandomState> =
+            Table::with_hasher(RandomState::new());
+        let h = backlog.register();
+        let mut fifo: VecDeque<*const keyserial_core::table::Entry<u64, Chain<BoxNode<Task>>>> =
+            VecDeque::with_capacity(BACKLOG + 1);
+        let mut key = 0u64;
+        {
+            let guard = h.pin();
+            for _ in 0..BACKLOG {
+                key += 1;
+                fifo.push_back(backlog.get_or_insert_with(key, Chain::new, &guard));
+            }
+        }
+        let mut garbage = Vec::new();
+        let mut step = || {
+            let guard = h.pin();
+            key += 1;
+            fifo.push_back(backlog.get_or_insert_with(key, Chain::new, &guard));
+            let oldest = fifo.pop_front().unwrap();
+            // SAFETY: only this loop retires entries, so the oldest is still in the table
+            // (alive), whatever guard it was found under.
+            let e = unsafe { &*oldest };
+            let taken = if home {
+                backlog.retire_take(e, &guard, |c| c.try_retire())
+            } else {
+                assert!(e.value().try_retire());
+                backlog.unlink_take(e, &guard)
+            };
+            garbage.extend(taken);
+            if garbage.len() == 64 {
+                backlog.defer_free(std::mem::take(&mut garbage), &guard);
+            }
+        };
+        // One full turn first, so that the keys retired while measuring were inserted into a
+        // table of the steady size (as in a long-running backlog), not while it filled.
+        for _ in 0..BACKLOG {
+            step();
+        }
+        let id = if home {
+            "keyserial_home"
+        } else {
+            "keyserial_search"
+        };
+        g.bench_function(id, |b| b.iter(&mut step));
+        backlog.defer_free(std::mem::take(&mut garbage), &h.pin());
+    }
     g.finish();
 
     let mut g = config(c, "handoff");

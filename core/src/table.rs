@@ -45,6 +45,20 @@
 //! that CAS's winner defers its destruction (`Guard::defer_unchecked`). Readers hold a guard from
 //! this table's collector while they use an entry, so it is freed only after they are done.
 //!
+//! # Home slots: unlinking without a search
+//!
+//! Unlinking by search walks the key's path again, one likely cache miss per level once the
+//! table outgrows the caches. So every entry records its *home*, the slot it is published in
+//! (written while the entry is still private, then never changed). An entry leaves its home only
+//! to move deeper inside the home slot's subtree (an expansion) or to leave the table, and the
+//! node holding a slot with a non-empty subtree is never frozen; so **while an entry is in the
+//! table, its home node is allocated**. [`Table::retire_take`] relies on that: it retires the
+//! entry under the caller's guard (so the entry was in the table while the guard was pinned,
+//! and the home node's free, if any, waits for the guard), loads the home slot, and if it still
+//! holds the entry, removes it with one CAS there; otherwise (moved deeper, or replaced by an
+//! inserter) it falls back to the search. If that CAS empties and freezes the home node, the
+//! search for the node's parent runs then, as it would have anyway.
+//!
 //! # Exactly one entry per key
 //!
 //! The path of a key is fixed by its hash. An insert publishes a leaf only by CAS on the first
@@ -60,7 +74,7 @@
 //! |---|---|
 //! | [`get`](Table::get) | wait-free apart from the trie depth: at most one load per level, no retries |
 //! | [`get_or_insert_with`](Table::get_or_insert_with) | lock-free: a CAS fails only because another insert, replacement, unlink or expansion of that slot succeeded |
-//! | [`unlink`](Table::unlink) | lock-free, same argument |
+//! | [`unlink`](Table::unlink), [`retire_take`](Table::retire_take) | lock-free, same argument |
 //! | [`len`](Table::len) | wait-free, a sum of 16 sharded counters (approximate under concurrency) |
 //!
 //! Memory is reclaimed through the table's own [`Collector`] (no_std has no default collector):
@@ -214,6 +228,10 @@ unsafe fn free_entry<K, V, M: EntryAlloc>(p: *mut Entry<K, V>) {
 /// could have seen it is dropped.
 pub struct Entry<K, V> {
     hash: u64,
+    /// The slot the entry was published in (see "Home slots" in the module docs): 0 for the
+    /// root slot of `hash`, else the address of the inner node that holds it, ORed with the
+    /// slot's index (inner nodes are 16-byte aligned). Written only while the entry is private.
+    home: usize,
     key: K,
     value: V,
 }
@@ -276,6 +294,7 @@ impl<K: fmt::Debug, V: fmt::Debug> fmt::Debug for Entry<K, V> {
     }
 }
 
+#[repr(align(16))]
 struct Inner {
     occupancy: AtomicUsize,
     slots: [AtomicUsize; FANOUT],
@@ -688,6 +707,7 @@ where
                         }
                     }
                     let leaf = fresh.ptr() as usize | LEAF;
+                    fresh.set_home(home_of(slot, node));
                     match slot.compare_exchange(0, leaf, Ordering::AcqRel, Ordering::Acquire) {
                         Ok(_) => {
                             self.count(hash, 1);
@@ -715,6 +735,7 @@ where
                             }
                             // Replace the retired entry; its retirer's unlink will find it gone.
                             let leaf = fresh.ptr() as usize | LEAF;
+                            fresh.set_home(home_of(slot, node));
                             if slot
                                 .compare_exchange(word, leaf, Ordering::AcqRel, Ordering::Acquire)
                                 .is_ok()
@@ -731,6 +752,7 @@ where
                         // Another key holds the slot: push both one level down (or further).
                         let leaf = fresh.ptr() as usize | LEAF;
                         let sub = build_subtree::<K, V>(word, e.hash, leaf, hash, shift);
+                        fresh.set_home(home_in_subtree(sub, leaf, hash, shift, slot, node));
                         match slot.compare_exchange(word, sub, Ordering::AcqRel, Ordering::Acquire)
                         {
                             Ok(_) => {
@@ -774,6 +796,8 @@ where
                             }
                         }
                         entries.push(fresh.ptr());
+                        // Not a leaf slot: an unlink through the home falls back to the walk.
+                        fresh.set_home(home_of(slot, node));
                         let new = Box::into_raw(Box::new(Collision { entries })) as usize | COLL;
                         match slot.compare_exchange(word, new, Ordering::AcqRel, Ordering::Acquire)
                         {
@@ -951,6 +975,101 @@ where
                     return Some(Unlinked::new(victim, self.id()));
                 }
             }
+        }
+    }
+
+    /// Retires `entry` with `retire` (which returns `true` if it moved the value to its retired
+    /// state, as [`Chain::try_retire`] does) and, if it did, takes the entry out of the table as
+    /// [`unlink_take`](Self::unlink_take) does, but usually without searching for it: it tries
+    /// the slot the entry was published in first (its *home*, see the module docs) and walks
+    /// from the root only if the entry has moved since. `None` if `retire` returned `false` or an
+    /// inserter of the same key already replaced the entry.
+    ///
+    /// This is how an owner of an entry that decides to retire it should do both: retiring
+    /// while `guard` is pinned is what makes the home slot safe to read.
+    ///
+    /// # Panics
+    /// If `retire` returned `true` but the value is not retired.
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{BoxNode, Chain};
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// let table: Table<u8, Chain<BoxNode<()>>, RandomState> = Table::with_hasher(RandomState::new());
+    /// let guard = table.register().pin();
+    /// let e = table.get_or_insert_with(1, Chain::new, &guard);
+    /// let taken = table.retire_take(e, &guard, |chain| chain.try_retire());
+    /// assert!(taken.is_some());
+    /// table.defer_free(taken, &guard);
+    /// assert_eq!(table.len(), 0);
+    /// ```
+    pub fn retire_take<'g>(
+        &'g self,
+        entry: &'g Entry<K, V>,
+        guard: &'g Guard,
+        retire: impl FnOnce(&V) -> bool,
+    ) -> Option<Unlinked<K, V>> {
+        self.check_guard(guard);
+        if !retire(&entry.value) {
+            return None;
+        }
+        assert!(
+            entry.value.is_retired(),
+            "only retired entries leave the table"
+        );
+        let hash = entry.hash;
+        let leaf = entry as *const Entry<K, V> as usize | LEAF;
+        let (slot, node) = if entry.home == 0 {
+            (self.root(hash), None)
+        } else {
+            // SAFETY: the home node held `entry` when it was published, and an entry only ever
+            // moves deeper inside the subtree of the slot it was published in, so the node stays
+            // non-empty (never frozen, never unlinked) while the entry is in the table. The
+            // entry was in the table when `retire` succeeded just now, under `guard`: the node
+            // can be unlinked only after that, and its free waits for `guard`.
+            let n = unsafe { &*((entry.home & !(FANOUT - 1)) as *const Inner) };
+            (&n.slots[entry.home & (FANOUT - 1)], Some(n))
+        };
+        if slot.load(Ordering::Acquire) == leaf
+            && slot
+                .compare_exchange(leaf, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.count(hash, -1);
+            if let Some(n) = node {
+                if n.release() {
+                    self.unlink_frozen_node(hash, n, guard);
+                }
+            }
+            // Our CAS removed the entry from its only slot: it is ours to reclaim (through the
+            // table word's pointer, never one derived from the shared reference).
+            return Some(Unlinked::new(untag::<Entry<K, V>>(leaf), self.id()));
+        }
+        // Moved deeper by an expansion, or replaced: search for it.
+        self.unlink_take(entry, guard)
+    }
+
+    /// `frozen` (an inner node on the path of `hash`) was just frozen by this thread: find its
+    /// parent slot and unlink it, cascading as [`unlink_frozen_at`](Self::unlink_frozen_at) does.
+    fn unlink_frozen_node(&self, hash: u64, frozen: &Inner, guard: &Guard) {
+        let mut path = Path::new(self.root(hash));
+        let mut shift = ROOT_BITS;
+        loop {
+            let word = path.top().slot.load(Ordering::Acquire);
+            if word == 0 || tag(word) != INNER {
+                return; // a helper already unlinked it (nodes never move)
+            }
+            // SAFETY: published inner nodes stay allocated while we are pinned.
+            let inner = unsafe { &*untag::<Inner>(word) };
+            path.push(Step {
+                slot: &inner.slots[((hash >> shift) & NODE_MASK) as usize],
+                node: Some(inner),
+            });
+            if core::ptr::eq(inner, frozen) {
+                self.unlink_frozen_at(&mut path, guard);
+                return;
+            }
+            shift += NODE_BITS;
         }
     }
 
@@ -1150,11 +1269,19 @@ impl<K, V, F: FnOnce() -> V, A: KeyArg<K>, M: EntryAlloc> Fresh<K, V, F, A, M> {
         }
         let p = new_entry::<K, V, M>(Entry {
             hash: self.hash,
+            home: 0,
             key: self.key.take().expect("key").into_key(),
             value: (self.make.take().expect("make"))(),
         });
         self.entry = Some(p);
         p.as_ptr()
+    }
+
+    /// Records the slot the entry is about to be published in (see "Home slots").
+    fn set_home(&mut self, home: usize) {
+        let p = self.ptr() as *mut Entry<K, V>;
+        // SAFETY: the entry is unpublished, so this thread is its only user.
+        unsafe { (*p).home = home };
     }
 
     /// The entry was published by a successful CAS: hand out the reference, never free it here.
@@ -1172,6 +1299,45 @@ impl<K, V, F, A, M: EntryAlloc> Drop for Fresh<K, V, F, A, M> {
             unsafe { free_entry::<K, V, M>(e.as_ptr()) };
         }
     }
+}
+
+/// The home word (see "Home slots") of `slot`, a slot of `node` (`None`: a root slot).
+fn home_of(slot: &AtomicUsize, node: Option<&Inner>) -> usize {
+    match node {
+        None => 0,
+        Some(n) => {
+            let base = n.slots.as_ptr() as usize;
+            let index =
+                (slot as *const AtomicUsize as usize - base) / core::mem::size_of::<AtomicUsize>();
+            debug_assert!(index < FANOUT);
+            n as *const Inner as usize | index
+        }
+    }
+}
+
+/// The home word of `leaf` inside the private subtree `sub` that `build_subtree` made for it at
+/// `slot` (of `node`), starting at bit `shift` of `hash`. A leaf that ended up in a collision
+/// node gets the home of the slot holding that node (an unlink then falls back to the walk).
+fn home_in_subtree(
+    sub: usize,
+    leaf: usize,
+    hash: u64,
+    mut shift: u32,
+    slot: &AtomicUsize,
+    node: Option<&Inner>,
+) -> usize {
+    let mut home = home_of(slot, node);
+    let mut word = sub;
+    while tag(word) == INNER {
+        // SAFETY: the subtree is private to this thread (not yet published).
+        let inner = unsafe { &*untag::<Inner>(word) };
+        let s = &inner.slots[((hash >> shift) & NODE_MASK) as usize];
+        home = home_of(s, Some(inner));
+        word = s.load(Ordering::Relaxed);
+        shift += NODE_BITS;
+    }
+    debug_assert!(word == leaf || tag(word) == COLL);
+    home
 }
 
 /// Builds a private subtree holding leaf `a` (hash `ha`) and leaf `b` (hash `hb`), starting with
@@ -1464,9 +1630,15 @@ mod tests {
                 assert_eq!(t.get(&k, &g).is_some(), k % 2 == 1, "key {k}");
             }
             for k in keys.filter(|k| k % 2 == 1) {
+                // Listed in a collision node: the home names the slot holding the list, so
+                // this goes by search.
                 let e = t.get(&k, &g).unwrap();
-                e.value().retire();
-                assert!(t.unlink(e, &g));
+                let taken = t.retire_take(e, &g, |f| {
+                    f.retire();
+                    true
+                });
+                assert!(taken.is_some(), "key {k}");
+                t.defer_free(taken, &g);
             }
             assert_eq!(t.len(), 0);
             drop(g);
@@ -1550,6 +1722,135 @@ mod tests {
         for k in model.keys() {
             assert!(t.get(k, &g).is_some());
         }
+    }
+
+    /// The slot an entry's home word names.
+    fn home_slot<'a>(
+        t: &'a Table<u64, Flag, BuildHasherDefault<Ident>>,
+        e: &Entry<u64, Flag>,
+    ) -> &'a AtomicUsize {
+        if e.home == 0 {
+            t.root(e.hash)
+        } else {
+            // SAFETY: the test holds a guard and the entry is in the table.
+            let n = unsafe { &*((e.home & !(FANOUT - 1)) as *const Inner) };
+            &n.slots[e.home & (FANOUT - 1)]
+        }
+    }
+
+    #[test]
+    fn a_fresh_entry_sits_in_its_home_slot() {
+        let t: Table<u64, Flag, BuildHasherDefault<Ident>> = Table::with_hasher(Default::default());
+        let h = t.register();
+        let g = h.pin();
+        // Root slot 0; an expansion two levels deep (the second key's home is the deeper node);
+        // plain inserts into existing inner nodes; a deep path (bit 40); another root slot.
+        for k in [0u64, 1 << 16, 2 << 16, 1 << 40, 3 << 12, 7] {
+            let e = t.get_or_insert_with(k, Flag::default, &g);
+            let leaf = e as *const Entry<u64, Flag> as usize | LEAF;
+            assert_eq!(home_slot(&t, e).load(Ordering::Relaxed), leaf, "key {k:#x}");
+        }
+        // Key 0 was published in the root and has since moved down: its home is stale, which
+        // `retire_take` detects and falls back on.
+        let e0 = t.get(&0, &g).unwrap();
+        assert_eq!(e0.home, 0);
+        assert_ne!(home_slot(&t, e0).load(Ordering::Relaxed) & TAG_MASK, LEAF);
+    }
+
+    #[test]
+    fn retire_take_unlinks_from_home_or_by_search() {
+        let t: Table<u64, Flag, BuildHasherDefault<Ident>> = Table::with_hasher(Default::default());
+        let h = t.register();
+        let g = h.pin();
+        let keys = [0u64, 1 << 16, 2 << 16, 1 << 40, 3 << 12, 7];
+        for &k in &keys {
+            t.get_or_insert_with(k, Flag::default, &g);
+        }
+        // A refused retire leaves the entry alone.
+        let e = t.get(&7, &g).unwrap();
+        assert!(t.retire_take(e, &g, |_| false).is_none());
+        assert!(core::ptr::eq(t.get(&7, &g).unwrap(), e));
+        // A replaced entry is not taken twice.
+        e.value().retire();
+        let fresh = t.get_or_insert_with(7, Flag::default, &g);
+        assert!(t.retire_take(e, &g, |_| true).is_none());
+        let mut garbage = Vec::new();
+        garbage.extend(t.retire_take(fresh, &g, |f| {
+            f.retire();
+            true
+        }));
+        // Every other key: from its home (the deep ones) or by search (key 0, moved down).
+        for &k in &keys[..5] {
+            let e = t.get(&k, &g).unwrap();
+            let taken = t.retire_take(e, &g, |f| {
+                f.retire();
+                true
+            });
+            assert!(taken.is_some(), "key {k:#x}");
+            garbage.extend(taken);
+            assert!(t.get(&k, &g).is_none());
+        }
+        t.defer_free(garbage, &g);
+        assert_eq!(t.len(), 0);
+        assert_eq!(
+            t.roots[0].load(Ordering::Relaxed),
+            0,
+            "emptied nodes were unlinked"
+        );
+        assert_eq!(t.roots[7].load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn retire_take_matches_a_hashmap_model_under_churn() {
+        let t: Table<u64, Flag, BuildHasherDefault<Ident>> = Table::with_hasher(Default::default());
+        let h = t.register();
+        let mut model: HashMap<u64, ()> = HashMap::new();
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        for _ in 0..n() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let k = (x % 64) << ((x >> 8) % 50);
+            let g = h.pin();
+            if x & 1 == 0 {
+                let e = t.get_or_insert_with(k, Flag::default, &g);
+                let leaf = e as *const Entry<u64, Flag> as usize | LEAF;
+                if !model.contains_key(&k) {
+                    assert_eq!(home_slot(&t, e).load(Ordering::Relaxed), leaf);
+                }
+                model.insert(k, ());
+            } else if let Some(e) = t.get(&k, &g) {
+                let taken = t.retire_take(e, &g, |f| {
+                    f.retire();
+                    true
+                });
+                assert!(taken.is_some());
+                t.defer_free(taken, &g);
+                assert!(model.remove(&k).is_some());
+            } else {
+                assert!(!model.contains_key(&k));
+            }
+        }
+        assert_eq!(t.len(), model.len());
+        let g = h.pin();
+        for k in model.keys() {
+            assert!(t.get(k, &g).is_some());
+        }
+        for k in model.keys() {
+            let e = t.get(k, &g).unwrap();
+            t.defer_free(
+                t.retire_take(e, &g, |f| {
+                    f.retire();
+                    true
+                }),
+                &g,
+            );
+        }
+        assert_eq!(t.len(), 0);
+        assert!(
+            t.roots.iter().all(|r| r.load(Ordering::Relaxed) == 0),
+            "index shrank to nothing"
+        );
     }
 
     #[test]
@@ -1639,9 +1940,8 @@ mod tests {
                     break;
                 }
             }
-            if e.value().try_retire() {
-                t.unlink(e, &g);
-            }
+            // The executor's way: retire and unlink in one call, through the entry's home.
+            t.defer_free(t.retire_take(e, &g, |c| c.try_retire()), &g);
         }
         for p in pushers {
             p.join().unwrap();

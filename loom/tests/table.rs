@@ -80,22 +80,8 @@ fn two_inserters_of_one_key_get_one_chain() {
 fn two_inserters_of_colliding_keys_both_land() {
     // Identity hash; under loom the root has 4 slots, so keys 4 and 8 share root slot 0 and part
     // at the first inner level: the expansion CAS races the plain insert.
-    #[derive(Default)]
-    struct Ident(u64);
-    impl std::hash::Hasher for Ident {
-        fn finish(&self) -> u64 {
-            self.0
-        }
-        fn write(&mut self, _: &[u8]) {
-            unreachable!()
-        }
-        fn write_u32(&mut self, n: u32) {
-            self.0 = n as u64;
-        }
-    }
     loom::model(|| {
-        let t: Arc<Table<u32, Chain<BoxNode<u32>>, BuildHasherDefault<Ident>>> =
-            Arc::new(Table::with_hasher(Default::default()));
+        let t: Arc<IdentTable> = Arc::new(Table::with_hasher(Default::default()));
         let threads: Vec<_> = [4, 8]
             .into_iter()
             .map(|k| {
@@ -206,5 +192,130 @@ fn pusher_meeting_a_retired_chain_goes_back_to_the_table() {
         assert_eq!(unsafe { entry.value().pop_value() }, Some(42));
         assert!(unsafe { entry.value().try_release() });
         assert!(core::ptr::eq(t.get(&1, &g).unwrap(), entry));
+    });
+}
+
+/// Identity hash (of `u32` keys): places keys on chosen paths. Under loom the root has 4 slots
+/// (2 bits) and each inner level takes the next 4 bits.
+#[derive(Default)]
+struct Ident(u64);
+impl std::hash::Hasher for Ident {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, _: &[u8]) {
+        unreachable!()
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = n as u64;
+    }
+}
+type IdentTable = Table<u32, Chain<BoxNode<u32>>, BuildHasherDefault<Ident>>;
+
+/// Keys 4 and 8 share root slot 0 and part at the first inner level (slots 1 and 2 of node N):
+/// 8 is published in N, its home; 4 was published in the root and moved down.
+fn table_with_4_and_8() -> Arc<IdentTable> {
+    let t: Arc<IdentTable> = Arc::new(Table::with_hasher(Default::default()));
+    let h = t.register();
+    let g = pin(&h);
+    t.get_or_insert_with(4, Chain::new, &g);
+    t.get_or_insert_with(8, Chain::new, &g);
+    t
+}
+
+#[test]
+fn retire_take_racing_an_expansion_of_its_home() {
+    // Key 72 lands in N's slot 2 too (72 >> 2 = 18, low nibble 2): its insert pushes entry 8 one
+    // level deeper while 8's owner unlinks it through its home. Either the home CAS wins (and
+    // the expansion CAS fails and retries on an empty slot), or the entry moved first (and the
+    // unlink falls back to the search). Exactly one removal either way.
+    loom::model(|| {
+        let t = table_with_4_and_8();
+        let t2 = t.clone();
+        let inserter = thread::spawn(move || {
+            let h = t2.register();
+            let g = pin(&h);
+            t2.get_or_insert_with(72, Chain::new, &g);
+        });
+        let h = t.register();
+        let g = pin(&h);
+        let e8 = t.get(&8, &g).unwrap();
+        let taken = t.retire_take(e8, &g, |c| c.try_retire());
+        assert!(taken.is_some(), "the owner's retire_take removes the entry");
+        t.defer_free(taken, &g);
+        inserter.join().unwrap();
+        assert!(t.get(&8, &g).is_none());
+        assert!(t.get(&4, &g).is_some() && t.get(&72, &g).is_some());
+        assert_eq!(t.len(), 2);
+    });
+}
+
+#[test]
+fn retire_take_racing_a_replacement() {
+    // An inserter of key 8 that meets the retired entry replaces it in its slot; the owner's
+    // home CAS then fails and the search reports the entry gone. Or the owner wins and the
+    // inserter publishes a fresh entry in the emptied slot. Never both, never neither.
+    loom::model(|| {
+        let t = table_with_4_and_8();
+        let t2 = t.clone();
+        let inserter = thread::spawn(move || {
+            let h = t2.register();
+            let g = pin(&h);
+            let e = t2.get_or_insert_with(8, Chain::new, &g);
+            (e as *const _ as usize, e.value().is_retired())
+        });
+        let h = t.register();
+        let g = pin(&h);
+        let e8 = t.get(&8, &g).unwrap();
+        let taken = t.retire_take(e8, &g, |c| c.try_retire());
+        let took = taken.is_some();
+        t.defer_free(taken, &g);
+        let (got, got_retired) = inserter.join().unwrap();
+        let now = t.get(&8, &g);
+        if got == e8 as *const _ as usize {
+            // The inserter found the old entry before the retire (it may see it retired since).
+            assert!(took, "nobody replaced it, so the owner removed it");
+            assert!(now.is_none());
+            assert_eq!(t.len(), 1);
+        } else {
+            assert!(
+                !got_retired,
+                "an inserter never returns a retired entry it made"
+            );
+            assert_eq!(now.map(|e| e as *const _ as usize), Some(got));
+            assert_eq!(t.len(), 2);
+        }
+    });
+}
+
+#[test]
+fn retire_take_that_empties_its_home_node_racing_an_insert_into_it() {
+    // The owner takes out 8 (home N) and 4 (moved down into N): the second removal empties and
+    // freezes N and unlinks it from root slot 0. Key 12 (N's slot 3) is inserted meanwhile:
+    // into N before the freeze, or, meeting N frozen, after helping unlink it. 12 must land.
+    loom::model(|| {
+        let t = table_with_4_and_8();
+        let t2 = t.clone();
+        let inserter = thread::spawn(move || {
+            let h = t2.register();
+            let g = pin(&h);
+            t2.get_or_insert_with(12, Chain::new, &g);
+        });
+        let h = t.register();
+        {
+            let g = pin(&h);
+            for k in [8, 4] {
+                let e = t.get(&k, &g).unwrap();
+                let taken = t.retire_take(e, &g, |c| c.try_retire());
+                assert!(taken.is_some(), "key {k}");
+                t.defer_free(taken, &g);
+            }
+        }
+        flush(&h);
+        inserter.join().unwrap();
+        let g = pin(&h);
+        assert!(t.get(&12, &g).is_some(), "the racing insert landed");
+        assert!(t.get(&4, &g).is_none() && t.get(&8, &g).is_none());
+        assert_eq!(t.len(), 1);
     });
 }

@@ -35,7 +35,7 @@ use crossbeam_epoch::Guard;
 use keyserial_core::chain::{Chain, Linked};
 use keyserial_core::table::Unlinked;
 
-use crate::shared::{IdleItem, KeyEntry, Shared};
+use crate::shared::{IdleItem, KeyEntry, KeyState, Shared};
 use crate::sync::{AtomicU64, Ordering};
 
 const QUEUED: u64 = 1;
@@ -107,12 +107,19 @@ pub(crate) const GARBAGE_BATCH: usize = 64;
 /// A worker's unlinked entries, waiting for a batched deferred free.
 pub(crate) type Garbage<K> = Vec<Unlinked<K, crate::shared::KeyState>>;
 
-/// Unlinks a retired key and queues its entry for a batched free.
-fn unlink<K>(shared: &Shared<K>, entry: &KeyEntry<K>, guard: &Guard, garbage: &mut Garbage<K>)
-where
+/// Retires a key with `retire` (the chain's or the idle word's retire) and, if that succeeded,
+/// unlinks it and queues its entry for a batched free. Retiring inside the table's call is what
+/// lets it unlink from the entry's home slot instead of searching (see `table.rs`).
+fn retire_unlink<K>(
+    shared: &Shared<K>,
+    entry: &KeyEntry<K>,
+    guard: &Guard,
+    garbage: &mut Garbage<K>,
+    retire: impl FnOnce(&KeyState) -> bool,
+) where
     K: std::hash::Hash + Eq + Send + Sync + 'static,
 {
-    if let Some(taken) = shared.table.unlink_take(entry, guard) {
+    if let Some(taken) = shared.table.retire_take(entry, guard, retire) {
         garbage.push(taken);
         if garbage.len() >= GARBAGE_BATCH {
             let batch = std::mem::replace(garbage, Vec::with_capacity(GARBAGE_BATCH));
@@ -137,9 +144,7 @@ pub(crate) fn released<K>(
     let entry = unsafe { entry_ptr.as_ref() };
     let timeout = shared.config.key_idle_timeout.as_millis() as u64;
     if timeout == 0 {
-        if entry.value().chain.try_retire() {
-            unlink(shared, entry, guard, garbage);
-        }
+        retire_unlink(shared, entry, guard, garbage, |ks| ks.chain.try_retire());
         return;
     }
     if *now == 0 {
@@ -172,14 +177,16 @@ fn reap_front<K>(
     let Some(item) = fifo.pop_front() else { return };
     // SAFETY: we hold the key's only idle item, so nobody else retires (and frees) it.
     let entry = unsafe { item.entry.as_ref() };
-    let ks = entry.value();
-    match ks.idle.reap(&ks.chain, now, timeout, force) {
-        Reap::Retired => unlink(shared, entry, guard, garbage),
-        Reap::Requeue(deadline) => fifo.push_back(IdleItem {
+    let mut outcome = Reap::Dropped;
+    retire_unlink(shared, entry, guard, garbage, |ks| {
+        outcome = ks.idle.reap(&ks.chain, now, timeout, force);
+        outcome == Reap::Retired
+    });
+    if let Reap::Requeue(deadline) = outcome {
+        fifo.push_back(IdleItem {
             entry: item.entry,
             deadline,
-        }),
-        Reap::Dropped => {}
+        });
     }
 }
 
