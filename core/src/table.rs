@@ -48,16 +48,23 @@
 //! # Home slots: unlinking without a search
 //!
 //! Unlinking by search walks the key's path again, one likely cache miss per level once the
-//! table outgrows the caches. So every entry records its *home*, the slot it is published in
-//! (written while the entry is still private, then never changed). An entry leaves its home only
-//! to move deeper inside the home slot's subtree (an expansion) or to leave the table, and the
-//! node holding a slot with a non-empty subtree is never frozen; so **while an entry is in the
-//! table, its home node is allocated**. [`Table::retire_take`] relies on that: it retires the
-//! entry under the caller's guard (so the entry was in the table while the guard was pinned,
-//! and the home node's free, if any, waits for the guard), loads the home slot, and if it still
-//! holds the entry, removes it with one CAS there; otherwise (moved deeper, or replaced by an
-//! inserter) it falls back to the search. If that CAS empties and freezes the home node, the
-//! search for the node's parent runs then, as it would have anyway.
+//! table outgrows the caches. So every entry keeps a *home* word naming the slot it was last
+//! seen in, and every inner node the slot that holds it (its *parent*; nodes never move).
+//!
+//! - An inserter sets a new entry's home to the slot it publishes it in (before the CAS).
+//! - An expansion moves the other key's entry one or more levels down: after its CAS, the
+//!   expander stores the entry's new slot in its home. Two expansions of one entry may store out
+//!   of order, leaving the older, shallower slot: still a slot on the entry's path.
+//!
+//! So **the home always names a slot on the path from the root to the entry**, and every node
+//! on that path is non-empty (never frozen, never unlinked) while the entry is in the table.
+//! [`Table::retire_take`] relies on that: it retires the entry under the caller's guard (so the
+//! entry was in the table while the guard was pinned, and any later free of a node on its path
+//! waits for the guard), loads the home slot, and if it holds the entry, removes it with one CAS
+//! there. Otherwise (a home store still in flight, or the entry replaced by an inserter) it falls
+//! back to the search. If its CAS empties and freezes the home node, it unlinks the node from its
+//! parent slot, and so on upwards, exactly as the search-based unlink does with its path: a
+//! node still linked in its parent slot keeps that parent non-empty, so the parent is allocated.
 //!
 //! # Exactly one entry per key
 //!
@@ -228,10 +235,8 @@ unsafe fn free_entry<K, V, M: EntryAlloc>(p: *mut Entry<K, V>) {
 /// could have seen it is dropped.
 pub struct Entry<K, V> {
     hash: u64,
-    /// The slot the entry was published in (see "Home slots" in the module docs): 0 for the
-    /// root slot of `hash`, else the address of the inner node that holds it, ORed with the
-    /// slot's index (inner nodes are 16-byte aligned). Written only while the entry is private.
-    home: usize,
+    /// Where the entry was last seen (see "Home slots" in the module docs), as a home word ([`ROOT_HOME`]).
+    home: AtomicUsize,
     key: K,
     value: V,
 }
@@ -297,13 +302,17 @@ impl<K: fmt::Debug, V: fmt::Debug> fmt::Debug for Entry<K, V> {
 #[repr(align(16))]
 struct Inner {
     occupancy: AtomicUsize,
+    /// The home word of the slot that holds this node: nodes never move, so it is fixed at
+    /// creation (while the node is private) and is the only slot the node is unlinked from.
+    parent: usize,
     slots: [AtomicUsize; FANOUT],
 }
 
 impl Inner {
-    fn new() -> Box<Inner> {
+    fn new(parent: usize) -> Box<Inner> {
         Box::new(Inner {
             occupancy: AtomicUsize::new(0),
+            parent,
             slots: core::array::from_fn(|_| AtomicUsize::new(0)),
         })
     }
@@ -751,11 +760,24 @@ where
                         }
                         // Another key holds the slot: push both one level down (or further).
                         let leaf = fresh.ptr() as usize | LEAF;
-                        let sub = build_subtree::<K, V>(word, e.hash, leaf, hash, shift);
+                        let sub = build_subtree::<K, V>(
+                            word,
+                            e.hash,
+                            leaf,
+                            hash,
+                            shift,
+                            home_of(slot, node),
+                        );
+                        // Both homes, read off the subtree while it is still private.
                         fresh.set_home(home_in_subtree(sub, leaf, hash, shift, slot, node));
+                        let moved = home_in_subtree(sub, word, e.hash, shift, slot, node);
                         match slot.compare_exchange(word, sub, Ordering::AcqRel, Ordering::Acquire)
                         {
                             Ok(_) => {
+                                // The other entry moved down: tell its home. Racing stores (a
+                                // later expansion's) may leave an older, shallower slot here;
+                                // that is still on the entry's path, which is all that counts.
+                                e.home.store(moved, Ordering::Release);
                                 self.count(hash, 1);
                                 return fresh.publish();
                             }
@@ -1019,17 +1041,12 @@ where
         );
         let hash = entry.hash;
         let leaf = entry as *const Entry<K, V> as usize | LEAF;
-        let (slot, node) = if entry.home == 0 {
-            (self.root(hash), None)
-        } else {
-            // SAFETY: the home node held `entry` when it was published, and an entry only ever
-            // moves deeper inside the subtree of the slot it was published in, so the node stays
-            // non-empty (never frozen, never unlinked) while the entry is in the table. The
-            // entry was in the table when `retire` succeeded just now, under `guard`: the node
-            // can be unlinked only after that, and its free waits for `guard`.
-            let n = unsafe { &*((entry.home & !(FANOUT - 1)) as *const Inner) };
-            (&n.slots[entry.home & (FANOUT - 1)], Some(n))
-        };
+        // SAFETY: every value the home word ever holds names a slot on the entry's path (see
+        // "Home slots"), and a node on the path to an entry in the table is non-empty, so never
+        // frozen or unlinked. The entry was in the table when `retire` succeeded just now,
+        // under `guard`: the node can be unlinked only after that, and its free waits for
+        // `guard`.
+        let (slot, node) = unsafe { self.slot_at(entry.home.load(Ordering::Acquire), hash) };
         if slot.load(Ordering::Acquire) == leaf
             && slot
                 .compare_exchange(leaf, 0, Ordering::AcqRel, Ordering::Acquire)
@@ -1049,27 +1066,48 @@ where
         self.unlink_take(entry, guard)
     }
 
-    /// `frozen` (an inner node on the path of `hash`) was just frozen by this thread: find its
-    /// parent slot and unlink it, cascading as [`unlink_frozen_at`](Self::unlink_frozen_at) does.
+    /// The slot a home word ([`ROOT_HOME`]) names, and the inner node holding it (`None`: the root slot of
+    /// `hash`, which must be a hash of the subtree below that slot).
+    ///
+    /// # Safety
+    /// The node the word names stays allocated while the returned references are used.
+    unsafe fn slot_at(&self, home: usize, hash: u64) -> (&AtomicUsize, Option<&Inner>) {
+        if home == ROOT_HOME {
+            return (self.root(hash), None);
+        }
+        // SAFETY: per the contract; home words are made by `home_of` from a live node.
+        let n = unsafe { &*((home & !(FANOUT - 1)) as *const Inner) };
+        (&n.slots[home & (FANOUT - 1)], Some(n))
+    }
+
+    /// `frozen` (an inner node on the path of `hash`) was just frozen by this thread: unlink it
+    /// from its parent slot (unless a helper did), cascading upwards through parents that this
+    /// thread's release empties in turn. `guard` was pinned while `frozen` was linked.
     fn unlink_frozen_node(&self, hash: u64, frozen: &Inner, guard: &Guard) {
-        let mut path = Path::new(self.root(hash));
-        let mut shift = ROOT_BITS;
+        let mut node = frozen;
         loop {
-            let word = path.top().slot.load(Ordering::Acquire);
-            if word == 0 || tag(word) != INNER {
-                return; // a helper already unlinked it (nodes never move)
+            // SAFETY: `node` is linked in its parent slot until the CAS below succeeds (only
+            // that CAS, ours or a helper's, unlinks it), so the parent has a non-empty slot and
+            // is not frozen; it was linked while `guard` was pinned, so its free (after it
+            // empties, later) waits for `guard`.
+            let (slot, parent) = unsafe { self.slot_at(node.parent, hash) };
+            let expected = node as *const Inner as usize | INNER;
+            if slot
+                .compare_exchange(expected, 0, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                return; // a helper unlinked it (and handles the parent)
             }
-            // SAFETY: published inner nodes stay allocated while we are pinned.
-            let inner = unsafe { &*untag::<Inner>(word) };
-            path.push(Step {
-                slot: &inner.slots[((hash >> shift) & NODE_MASK) as usize],
-                node: Some(inner),
-            });
-            if core::ptr::eq(inner, frozen) {
-                self.unlink_frozen_at(&mut path, guard);
-                return;
+            // SAFETY: our CAS removed the node from its only slot. The pointer comes from the
+            // slot's word (the Box's exposed provenance), not from the shared reference.
+            unsafe {
+                let p = untag::<Inner>(expected) as *mut Inner;
+                guard.defer_unchecked(move || drop(Box::from_raw(p)));
             }
-            shift += NODE_BITS;
+            match parent {
+                Some(p) if p.release() => node = p, // the parent froze too: cascade
+                _ => return,
+            }
         }
     }
 
@@ -1144,9 +1182,10 @@ where
             {
                 return; // someone else unlinked it (and handles the parent)
             }
-            // SAFETY: our CAS removed the node from its only slot.
+            // SAFETY: our CAS removed the node from its only slot. The pointer comes from the
+            // slot's word (the Box's exposed provenance), not from the shared reference.
             unsafe {
-                let p = frozen as *const Inner as *mut Inner;
+                let p = untag::<Inner>(expected) as *mut Inner;
                 guard.defer_unchecked(move || drop(Box::from_raw(p)));
             }
             match parent.node {
@@ -1269,7 +1308,7 @@ impl<K, V, F: FnOnce() -> V, A: KeyArg<K>, M: EntryAlloc> Fresh<K, V, F, A, M> {
         }
         let p = new_entry::<K, V, M>(Entry {
             hash: self.hash,
-            home: 0,
+            home: AtomicUsize::new(ROOT_HOME),
             key: self.key.take().expect("key").into_key(),
             value: (self.make.take().expect("make"))(),
         });
@@ -1280,8 +1319,9 @@ impl<K, V, F: FnOnce() -> V, A: KeyArg<K>, M: EntryAlloc> Fresh<K, V, F, A, M> {
     /// Records the slot the entry is about to be published in (see "Home slots").
     fn set_home(&mut self, home: usize) {
         let p = self.ptr() as *mut Entry<K, V>;
-        // SAFETY: the entry is unpublished, so this thread is its only user.
-        unsafe { (*p).home = home };
+        // SAFETY: the entry is unpublished, so this thread is its only user; the publishing
+        // CAS (release) makes the store visible with the entry.
+        unsafe { (*p).home.store(home, Ordering::Relaxed) };
     }
 
     /// The entry was published by a successful CAS: hand out the reference, never free it here.
@@ -1301,10 +1341,15 @@ impl<K, V, F, A, M: EntryAlloc> Drop for Fresh<K, V, F, A, M> {
     }
 }
 
-/// The home word (see "Home slots") of `slot`, a slot of `node` (`None`: a root slot).
+/// A *home word* names one slot of the table: [`ROOT_HOME`] for the root slot of the hash at
+/// hand, else the address of an inner node ORed with the slot's index in it (inner nodes are
+/// 16-byte aligned, so the index fits in the low 4 bits).
+const ROOT_HOME: usize = 0;
+
+/// The home word of `slot`, a slot of `node` (`None`: a root slot).
 fn home_of(slot: &AtomicUsize, node: Option<&Inner>) -> usize {
     match node {
-        None => 0,
+        None => ROOT_HOME,
         Some(n) => {
             let base = n.slots.as_ptr() as usize;
             let index =
@@ -1342,18 +1387,19 @@ fn home_in_subtree(
 
 /// Builds a private subtree holding leaf `a` (hash `ha`) and leaf `b` (hash `hb`), starting with
 /// the level indexed at bit `shift`. Returns the tagged word to CAS into the slot.
-fn build_subtree<K, V>(a: usize, ha: u64, b: usize, hb: u64, shift: u32) -> usize {
+fn build_subtree<K, V>(a: usize, ha: u64, b: usize, hb: u64, shift: u32, parent: usize) -> usize {
     if shift >= 64 {
         let coll = Collision::<K, V> {
             entries: alloc::vec![untag::<Entry<K, V>>(a), untag::<Entry<K, V>>(b)],
         };
         return Box::into_raw(Box::new(coll)) as usize | COLL;
     }
-    let node = Inner::new();
+    let node = Inner::new(parent);
     let ia = ((ha >> shift) & NODE_MASK) as usize;
     let ib = ((hb >> shift) & NODE_MASK) as usize;
     if ia == ib {
-        let child = build_subtree::<K, V>(a, ha, b, hb, shift + NODE_BITS);
+        let here = home_of(&node.slots[ia], Some(&node));
+        let child = build_subtree::<K, V>(a, ha, b, hb, shift + NODE_BITS, here);
         node.slots[ia].store(child, Ordering::Relaxed);
         node.occupancy.store(1, Ordering::Relaxed);
     } else {
@@ -1729,32 +1775,31 @@ mod tests {
         t: &'a Table<u64, Flag, BuildHasherDefault<Ident>>,
         e: &Entry<u64, Flag>,
     ) -> &'a AtomicUsize {
-        if e.home == 0 {
-            t.root(e.hash)
-        } else {
-            // SAFETY: the test holds a guard and the entry is in the table.
-            let n = unsafe { &*((e.home & !(FANOUT - 1)) as *const Inner) };
-            &n.slots[e.home & (FANOUT - 1)]
-        }
+        // SAFETY (test): single-threaded, the entry is in the table, so its path is allocated.
+        unsafe { t.slot_at(e.home.load(Ordering::Relaxed), e.hash).0 }
     }
 
     #[test]
-    fn a_fresh_entry_sits_in_its_home_slot() {
+    fn entries_sit_in_their_home_slots_as_the_trie_grows() {
         let t: Table<u64, Flag, BuildHasherDefault<Ident>> = Table::with_hasher(Default::default());
         let h = t.register();
         let g = h.pin();
-        // Root slot 0; an expansion two levels deep (the second key's home is the deeper node);
-        // plain inserts into existing inner nodes; a deep path (bit 40); another root slot.
-        for k in [0u64, 1 << 16, 2 << 16, 1 << 40, 3 << 12, 7] {
-            let e = t.get_or_insert_with(k, Flag::default, &g);
-            let leaf = e as *const Entry<u64, Flag> as usize | LEAF;
-            assert_eq!(home_slot(&t, e).load(Ordering::Relaxed), leaf, "key {k:#x}");
+        // Root slot 0; an expansion two levels deep (which moves key 0 down); plain inserts
+        // into existing inner nodes; a deep path (bit 40); another root slot.
+        let keys = [0u64, 1 << 16, 2 << 16, 1 << 40, 3 << 12, 7, 1 << 44];
+        for (i, &k) in keys.iter().enumerate() {
+            t.get_or_insert_with(k, Flag::default, &g);
+            for &k in &keys[..=i] {
+                let e = t.get(&k, &g).unwrap();
+                let leaf = e as *const Entry<u64, Flag> as usize | LEAF;
+                assert_eq!(home_slot(&t, e).load(Ordering::Relaxed), leaf, "key {k:#x}");
+            }
         }
-        // Key 0 was published in the root and has since moved down: its home is stale, which
-        // `retire_take` detects and falls back on.
-        let e0 = t.get(&0, &g).unwrap();
-        assert_eq!(e0.home, 0);
-        assert_ne!(home_slot(&t, e0).load(Ordering::Relaxed) & TAG_MASK, LEAF);
+        assert_ne!(
+            t.get(&0, &g).unwrap().home.load(Ordering::Relaxed),
+            ROOT_HOME,
+            "key 0's home followed it down"
+        );
     }
 
     #[test]
@@ -1779,7 +1824,7 @@ mod tests {
             f.retire();
             true
         }));
-        // Every other key: from its home (the deep ones) or by search (key 0, moved down).
+        // Every other key, from its home.
         for &k in &keys[..5] {
             let e = t.get(&k, &g).unwrap();
             let taken = t.retire_take(e, &g, |f| {
