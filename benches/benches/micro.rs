@@ -281,7 +281,8 @@ fn core_paths(c: &mut Criterion) {
             // (alive), whatever guard it was found under.
             let e = unsafe { &*oldest };
             let taken = if home {
-                backlog.retire_take(e, &guard, |c| c.try_retire())
+                // SAFETY: `e` came from `backlog`; `try_retire` succeeds only on the transition.
+                unsafe { backlog.retire_take(e, &guard, |c| c.try_retire()) }
             } else {
                 assert!(e.value().try_retire());
                 backlog.unlink_take(e, &guard)

@@ -34,7 +34,8 @@
 //! Removal happens only through retirement of the entry's value ([`Retire`]; for a chain:
 //! `CAS(0 -> RETIRED)`), never by key: a map's "remove if idle" cannot be made safe against a
 //! pusher that already holds the chain, the chain's own terminal state can. After retiring, the
-//! retirer calls [`Table::unlink`]. Two threads can take a retired entry out of its slot:
+//! retirer calls [`Table::unlink`] (or retires inside [`Table::retire_take`], which unlinks from
+//! the entry's home slot, below). Two threads can take a retired entry out of its slot:
 //!
 //! - the retirer, `CAS(slot: entry -> empty)` in `unlink`, or
 //! - an inserter of the same key that finds the retired entry and *replaces* it:
@@ -1000,15 +1001,22 @@ where
         }
     }
 
-    /// Retires `entry` with `retire` (which returns `true` if it moved the value to its retired
-    /// state, as [`Chain::try_retire`] does) and, if it did, takes the entry out of the table as
+    /// Retires `entry` with `retire` and, if that succeeded, takes the entry out of the table as
     /// [`unlink_take`](Self::unlink_take) does, but usually without searching for it: it tries
-    /// the slot the entry was published in first (its *home*, see the module docs) and walks
-    /// from the root only if the entry has moved since. `None` if `retire` returned `false` or an
-    /// inserter of the same key already replaced the entry.
+    /// the slot the entry was last seen in first (its *home*, see the module docs) and walks from
+    /// the root only if that fails. `None` if `retire` returned `false` or an inserter of the
+    /// same key already replaced the entry.
     ///
     /// This is how an owner of an entry that decides to retire it should do both: retiring
     /// while `guard` is pinned is what makes the home slot safe to read.
+    ///
+    /// # Safety
+    /// - `entry` is an entry of **this** table (returned by its lookups or inserts): its home
+    ///   names a node of this table, which this table's guard protects; another table's node
+    ///   may be freed under it.
+    /// - `retire` returns `true` only if this call moved the value from live to retired (as
+    ///   [`Chain::try_retire`] does): then the entry was in the table while `guard` was pinned.
+    ///   An entry retired and removed earlier may have homes in freed nodes.
     ///
     /// # Panics
     /// If `retire` returned `true` but the value is not retired.
@@ -1020,12 +1028,14 @@ where
     /// let table: Table<u8, Chain<BoxNode<()>>, RandomState> = Table::with_hasher(RandomState::new());
     /// let guard = table.register().pin();
     /// let e = table.get_or_insert_with(1, Chain::new, &guard);
-    /// let taken = table.retire_take(e, &guard, |chain| chain.try_retire());
+    /// // SAFETY: `e` came from this table, and `try_retire` succeeds only on the live-to-retired
+    /// // transition.
+    /// let taken = unsafe { table.retire_take(e, &guard, |chain| chain.try_retire()) };
     /// assert!(taken.is_some());
     /// table.defer_free(taken, &guard);
     /// assert_eq!(table.len(), 0);
     /// ```
-    pub fn retire_take<'g>(
+    pub unsafe fn retire_take<'g>(
         &'g self,
         entry: &'g Entry<K, V>,
         guard: &'g Guard,
@@ -1041,11 +1051,11 @@ where
         );
         let hash = entry.hash;
         let leaf = entry as *const Entry<K, V> as usize | LEAF;
-        // SAFETY: every value the home word ever holds names a slot on the entry's path (see
-        // "Home slots"), and a node on the path to an entry in the table is non-empty, so never
-        // frozen or unlinked. The entry was in the table when `retire` succeeded just now,
-        // under `guard`: the node can be unlinked only after that, and its free waits for
-        // `guard`.
+        // SAFETY: the entry is ours (caller's contract), and every value its home word ever
+        // holds names a slot on its path (see "Home slots"); a node on the path to an entry in
+        // the table is non-empty, so never frozen or unlinked. The entry was in the table when
+        // `retire` moved it to retired just now (contract), under `guard`: the node can be
+        // unlinked only after that, and its free waits for `guard`, which is this table's.
         let (slot, node) = unsafe { self.slot_at(entry.home.load(Ordering::Acquire), hash) };
         if slot.load(Ordering::Acquire) == leaf
             && slot
@@ -1679,10 +1689,7 @@ mod tests {
                 // Listed in a collision node: the home names the slot holding the list, so
                 // this goes by search.
                 let e = t.get(&k, &g).unwrap();
-                let taken = t.retire_take(e, &g, |f| {
-                    f.retire();
-                    true
-                });
+                let taken = retire_flag(&t, e, &g);
                 assert!(taken.is_some(), "key {k}");
                 t.defer_free(taken, &g);
             }
@@ -1770,6 +1777,26 @@ mod tests {
         }
     }
 
+    /// Retires a `Flag` entry of `t` and takes it out through `retire_take`.
+    fn retire_flag<S: BuildHasher>(
+        t: &Table<u64, Flag, S>,
+        e: &Entry<u64, Flag>,
+        g: &Guard,
+    ) -> Option<Unlinked<u64, Flag>> {
+        assert!(
+            !e.value().is_retired(),
+            "the test retires live entries only"
+        );
+        // SAFETY: every caller passes an entry it got from `t`, and the flag goes from live to
+        // retired in this call (checked above; single-threaded tests).
+        unsafe {
+            t.retire_take(e, g, |f| {
+                f.retire();
+                true
+            })
+        }
+    }
+
     /// The slot an entry's home word names.
     fn home_slot<'a>(
         t: &'a Table<u64, Flag, BuildHasherDefault<Ident>>,
@@ -1813,24 +1840,29 @@ mod tests {
         }
         // A refused retire leaves the entry alone.
         let e = t.get(&7, &g).unwrap();
-        assert!(t.retire_take(e, &g, |_| false).is_none());
+        // SAFETY: `e` is this table's; the closure retires nothing.
+        assert!(unsafe { t.retire_take(e, &g, |_| false) }.is_none());
         assert!(core::ptr::eq(t.get(&7, &g).unwrap(), e));
-        // A replaced entry is not taken twice.
-        e.value().retire();
-        let fresh = t.get_or_insert_with(7, Flag::default, &g);
-        assert!(t.retire_take(e, &g, |_| true).is_none());
+        // Replaced by an inserter of the same key between the retire and the unlink: reported
+        // gone, and the fresh entry stays.
+        let mut fresh = None;
+        // SAFETY: `e` is this table's; the closure makes the live-to-retired transition.
+        let taken = unsafe {
+            t.retire_take(e, &g, |f| {
+                f.retire();
+                fresh = Some(t.get_or_insert_with(7, Flag::default, &g));
+                true
+            })
+        };
+        assert!(taken.is_none());
+        let fresh = fresh.unwrap();
+        assert!(core::ptr::eq(t.get(&7, &g).unwrap(), fresh));
         let mut garbage = Vec::new();
-        garbage.extend(t.retire_take(fresh, &g, |f| {
-            f.retire();
-            true
-        }));
+        garbage.extend(retire_flag(&t, fresh, &g));
         // Every other key, from its home.
         for &k in &keys[..5] {
             let e = t.get(&k, &g).unwrap();
-            let taken = t.retire_take(e, &g, |f| {
-                f.retire();
-                true
-            });
+            let taken = retire_flag(&t, e, &g);
             assert!(taken.is_some(), "key {k:#x}");
             garbage.extend(taken);
             assert!(t.get(&k, &g).is_none());
@@ -1865,10 +1897,7 @@ mod tests {
                 }
                 model.insert(k, ());
             } else if let Some(e) = t.get(&k, &g) {
-                let taken = t.retire_take(e, &g, |f| {
-                    f.retire();
-                    true
-                });
+                let taken = retire_flag(&t, e, &g);
                 assert!(taken.is_some());
                 t.defer_free(taken, &g);
                 assert!(model.remove(&k).is_some());
@@ -1883,13 +1912,7 @@ mod tests {
         }
         for k in model.keys() {
             let e = t.get(k, &g).unwrap();
-            t.defer_free(
-                t.retire_take(e, &g, |f| {
-                    f.retire();
-                    true
-                }),
-                &g,
-            );
+            t.defer_free(retire_flag(&t, e, &g), &g);
         }
         assert_eq!(t.len(), 0);
         assert!(
@@ -1986,7 +2009,8 @@ mod tests {
                 }
             }
             // The executor's way: retire and unlink in one call, through the entry's home.
-            t.defer_free(t.retire_take(e, &g, |c| c.try_retire()), &g);
+            // SAFETY: `e` is this table's; `try_retire` succeeds only on the transition.
+            t.defer_free(unsafe { t.retire_take(e, &g, |c| c.try_retire()) }, &g);
         }
         for p in pushers {
             p.join().unwrap();

@@ -240,7 +240,8 @@ fn retire_take_racing_an_expansion_of_its_home() {
         let h = t.register();
         let g = pin(&h);
         let e8 = t.get(&8, &g).unwrap();
-        let taken = t.retire_take(e8, &g, |c| c.try_retire());
+        // SAFETY: the entry is this table's; `try_retire` succeeds only on the transition.
+        let taken = unsafe { t.retire_take(e8, &g, |c| c.try_retire()) };
         assert!(taken.is_some(), "the owner's retire_take removes the entry");
         t.defer_free(taken, &g);
         inserter.join().unwrap();
@@ -267,7 +268,8 @@ fn retire_take_racing_a_replacement() {
         let h = t.register();
         let g = pin(&h);
         let e8 = t.get(&8, &g).unwrap();
-        let taken = t.retire_take(e8, &g, |c| c.try_retire());
+        // SAFETY: the entry is this table's; `try_retire` succeeds only on the transition.
+        let taken = unsafe { t.retire_take(e8, &g, |c| c.try_retire()) };
         let took = taken.is_some();
         t.defer_free(taken, &g);
         let (got, got_retired) = inserter.join().unwrap();
@@ -306,7 +308,8 @@ fn retire_take_that_empties_its_home_node_racing_an_insert_into_it() {
             let g = pin(&h);
             for k in [8, 4] {
                 let e = t.get(&k, &g).unwrap();
-                let taken = t.retire_take(e, &g, |c| c.try_retire());
+                // SAFETY: the entry is this table's; `try_retire` succeeds only on the transition.
+                let taken = unsafe { t.retire_take(e, &g, |c| c.try_retire()) };
                 assert!(taken.is_some(), "key {k}");
                 t.defer_free(taken, &g);
             }

@@ -110,7 +110,11 @@ pub(crate) type Garbage<K> = Vec<Unlinked<K, crate::shared::KeyState>>;
 /// Retires a key with `retire` (the chain's or the idle word's retire) and, if that succeeded,
 /// unlinks it and queues its entry for a batched free. Retiring inside the table's call is what
 /// lets it unlink from the entry's home slot instead of searching (see `table.rs`).
-fn retire_unlink<K>(
+///
+/// # Safety
+/// `entry` is an entry of `shared.table`, and `retire` returns `true` only if it moved the
+/// key's chain from idle to retired in this call (`Table::retire_take`'s contract).
+unsafe fn retire_unlink<K>(
     shared: &Shared<K>,
     entry: &KeyEntry<K>,
     guard: &Guard,
@@ -119,7 +123,8 @@ fn retire_unlink<K>(
 ) where
     K: std::hash::Hash + Eq + Send + Sync + 'static,
 {
-    if let Some(taken) = shared.table.retire_take(entry, guard, retire) {
+    // SAFETY: the caller's contract is `retire_take`'s.
+    if let Some(taken) = unsafe { shared.table.retire_take(entry, guard, retire) } {
         garbage.push(taken);
         if garbage.len() >= GARBAGE_BATCH {
             let batch = std::mem::replace(garbage, Vec::with_capacity(GARBAGE_BATCH));
@@ -144,7 +149,9 @@ pub(crate) fn released<K>(
     let entry = unsafe { entry_ptr.as_ref() };
     let timeout = shared.config.key_idle_timeout.as_millis() as u64;
     if timeout == 0 {
-        retire_unlink(shared, entry, guard, garbage, |ks| ks.chain.try_retire());
+        // SAFETY: every entry the executor handles comes from its one table, and `try_retire`
+        // succeeds only on the idle-to-retired transition.
+        unsafe { retire_unlink(shared, entry, guard, garbage, |ks| ks.chain.try_retire()) };
         return;
     }
     if *now == 0 {
@@ -178,10 +185,14 @@ fn reap_front<K>(
     // SAFETY: we hold the key's only idle item, so nobody else retires (and frees) it.
     let entry = unsafe { item.entry.as_ref() };
     let mut outcome = Reap::Dropped;
-    retire_unlink(shared, entry, guard, garbage, |ks| {
-        outcome = ks.idle.reap(&ks.chain, now, timeout, force);
-        outcome == Reap::Retired
-    });
+    // SAFETY: every entry the executor handles comes from its one table, and `reap` answers
+    // `Retired` only when its `try_retire` made the idle-to-retired transition.
+    unsafe {
+        retire_unlink(shared, entry, guard, garbage, |ks| {
+            outcome = ks.idle.reap(&ks.chain, now, timeout, force);
+            outcome == Reap::Retired
+        })
+    };
     if let Reap::Requeue(deadline) = outcome {
         fifo.push_back(IdleItem {
             entry: item.entry,
