@@ -16,7 +16,7 @@
 //!   of one size class, linked through each block's first word.
 //! - A [`Cache`] is one thread's pair of magazines, `current` and `spare`.
 //! - A [`Depot`] is the shared store of magazines of one size class: a
-//!   [`BoundedQueue`](crate::ready::BoundedQueue) of `N` magazines.
+//!   [`BoundedQueue`] of `N` magazines.
 //!
 //! ```text
 //! alloc: current non-empty        -> pop a block from it
