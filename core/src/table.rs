@@ -726,8 +726,11 @@ where
                         Err(_) => {
                             if let Some(node) = node {
                                 if node.release() {
-                                    // Cannot happen: our reservation kept it above zero until
-                                    // now, and the slot we failed on is occupied. Be safe anyway.
+                                    // Rare but possible: while we held the reservation, the
+                                    // slot we wanted was filled and then every entry of the
+                                    // node left, so ours was the last count. The node is
+                                    // frozen now: unlink it; the retry, one level up, stays on
+                                    // the key's path.
                                     self.unlink_frozen_at(&mut path, guard);
                                 }
                             }
@@ -1068,8 +1071,9 @@ where
                     self.unlink_frozen_node(hash, n, guard);
                 }
             }
-            // Our CAS removed the entry from its only slot: it is ours to reclaim (through the
-            // table word's pointer, never one derived from the shared reference).
+            // Our CAS removed the entry from its only slot: it is ours to reclaim (through a
+            // pointer rebuilt from the integer address, which takes the provenance exposed at
+            // publication, never one derived from the shared reference).
             return Some(Unlinked::new(untag::<Entry<K, V>>(leaf), self.id()));
         }
         // Moved deeper by an expansion, or replaced: search for it.
@@ -1108,8 +1112,9 @@ where
             {
                 return; // a helper unlinked it (and handles the parent)
             }
-            // SAFETY: our CAS removed the node from its only slot. The pointer comes from the
-            // slot's word (the Box's exposed provenance), not from the shared reference.
+            // SAFETY: our CAS removed the node from its only slot. The pointer is rebuilt from
+            // the integer address, so it takes the provenance the Box's pointer exposed when the
+            // node was published; one derived from the shared reference may not free it.
             unsafe {
                 let p = untag::<Inner>(expected) as *mut Inner;
                 guard.defer_unchecked(move || drop(Box::from_raw(p)));
@@ -1192,8 +1197,9 @@ where
             {
                 return; // someone else unlinked it (and handles the parent)
             }
-            // SAFETY: our CAS removed the node from its only slot. The pointer comes from the
-            // slot's word (the Box's exposed provenance), not from the shared reference.
+            // SAFETY: our CAS removed the node from its only slot. The pointer is rebuilt from
+            // the integer address, so it takes the provenance the Box's pointer exposed when the
+            // node was published; one derived from the shared reference may not free it.
             unsafe {
                 let p = untag::<Inner>(expected) as *mut Inner;
                 guard.defer_unchecked(move || drop(Box::from_raw(p)));
@@ -2016,5 +2022,182 @@ mod tests {
             p.join().unwrap();
         }
         assert_eq!(drained.load(O::Relaxed), 2 * per);
+    }
+
+    /// Retirement as one CAS (`false -> true`): a real live-to-retired transition, as
+    /// `retire_take`'s contract asks.
+    #[derive(Default)]
+    struct Once(crate::sync::AtomicBool);
+    impl Retire for Once {
+        fn is_retired(&self) -> bool {
+            self.0.load(Ordering::Acquire)
+        }
+    }
+    impl Once {
+        fn try_retire(&self) -> bool {
+            self.0
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        }
+    }
+
+    /// Puts every key in root slot 0 and splits them at three depths (bits 12, 16 and 56);
+    /// keys equal mod 64 share the whole hash (collision nodes).
+    #[derive(Default)]
+    struct Spread(u64);
+    impl Hasher for Spread {
+        fn finish(&self) -> u64 {
+            let h = self.0 % 64;
+            ((h & 3) << 12) | (((h >> 2) & 3) << 16) | (((h >> 4) & 3) << 56)
+        }
+        fn write(&mut self, _: &[u8]) {
+            unreachable!()
+        }
+        fn write_u64(&mut self, n: u64) {
+            self.0 = n;
+        }
+    }
+
+    type SpreadTable = Table<u64, Once, BuildHasherDefault<Spread>>;
+
+    /// The table's structural invariants, checked while nobody uses it: every linked inner
+    /// node is unfrozen and non-empty, its occupancy is its number of non-empty slots, its
+    /// parent word names the slot holding it; every entry is live and its home is on its path;
+    /// `len` counts the entries.
+    fn check_quiet(t: &SpreadTable) {
+        fn walk(word: usize, parent: usize, path: &mut Vec<usize>, n: &mut usize) {
+            let entry_ok = |e: &Entry<u64, Once>, path: &Vec<usize>| {
+                assert!(!e.value.is_retired(), "a retired entry left in the table");
+                let home = e.home.load(Ordering::Relaxed);
+                assert!(
+                    path.contains(&home),
+                    "home {home:#x} not on the path {path:x?}"
+                );
+            };
+            match tag(word) {
+                LEAF => {
+                    // SAFETY (test): quiescent table, linked entries are alive.
+                    entry_ok(unsafe { &*untag::<Entry<u64, Once>>(word) }, path);
+                    *n += 1;
+                }
+                INNER => {
+                    // SAFETY (test): quiescent table, linked nodes are alive.
+                    let node = unsafe { &*untag::<Inner>(word) };
+                    let occupancy = node.occupancy.load(Ordering::Relaxed);
+                    assert_eq!(node.parent, parent, "parent word");
+                    assert_eq!(occupancy & FROZEN, 0, "a frozen node left linked");
+                    let used = node
+                        .slots
+                        .iter()
+                        .filter(|s| s.load(Ordering::Relaxed) != 0)
+                        .count();
+                    assert_eq!(occupancy, used, "occupancy");
+                    assert!(used > 0, "an empty node left linked");
+                    for s in node.slots.iter() {
+                        let w = s.load(Ordering::Relaxed);
+                        if w != 0 {
+                            let here = home_of(s, Some(node));
+                            path.push(here);
+                            walk(w, here, path, n);
+                            path.pop();
+                        }
+                    }
+                }
+                _ => {
+                    // SAFETY (test): quiescent table, linked collision nodes are alive.
+                    let c = unsafe { &*untag::<Collision<u64, Once>>(word) };
+                    assert!(c.entries.len() >= 2);
+                    for &e in &c.entries {
+                        // SAFETY (test): listed entries are alive.
+                        entry_ok(unsafe { &*e }, path);
+                        *n += 1;
+                    }
+                }
+            }
+        }
+        let mut n = 0;
+        for r in t.roots.iter() {
+            let w = r.load(Ordering::Relaxed);
+            if w != 0 {
+                walk(w, ROOT_HOME, &mut std::vec![ROOT_HOME], &mut n);
+            }
+        }
+        assert_eq!(n, t.len(), "len");
+    }
+
+    /// `threads` threads insert, retire through `retire_take`, and insert-then-retire at once
+    /// (so inserters replace retired entries), over `keys` keys of [`Spread`] paths; then the
+    /// structure is checked.
+    fn retire_take_storm(threads: usize, iters: usize, keys: u64, seed: u64) {
+        let t: Arc<SpreadTable> = Arc::new(Table::with_hasher(Default::default()));
+        let workers: std::vec::Vec<_> = (0..threads as u64)
+            .map(|i| {
+                let t = t.clone();
+                thread::spawn(move || {
+                    let h = t.register();
+                    let mut x = seed ^ 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(i + 1);
+                    for _ in 0..iters {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let k = x % keys;
+                        let g = h.pin();
+                        let e = match (x >> 20) % 4 {
+                            0 | 1 => {
+                                t.get_or_insert_with(k, Once::default, &g);
+                                None
+                            }
+                            2 => t.get(&k, &g),
+                            _ => Some(t.get_or_insert_with(k, Once::default, &g)),
+                        };
+                        if let Some(e) = e {
+                            // SAFETY: `e` is this table's; `try_retire` is one CAS, true only
+                            // on the live-to-retired transition.
+                            let taken = unsafe { t.retire_take(e, &g, |v| v.try_retire()) };
+                            t.defer_free(taken, &g);
+                        }
+                        if (x >> 40) % 64 == 0 {
+                            drop(g);
+                            h.pin().flush();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        check_quiet(&t);
+        // Then every key out, through the same path: the index must shrink to nothing (a
+        // frozen node that nobody unlinked would stay).
+        let h = t.register();
+        let g = h.pin();
+        for k in 0..keys {
+            if let Some(e) = t.get(&k, &g) {
+                // SAFETY: as above; nobody else runs now.
+                let taken = unsafe { t.retire_take(e, &g, |v| v.try_retire()) };
+                assert!(taken.is_some());
+                t.defer_free(taken, &g);
+            }
+        }
+        assert_eq!(t.len(), 0);
+        assert!(
+            t.roots.iter().all(|r| r.load(Ordering::Relaxed) == 0),
+            "the index shrank to nothing"
+        );
+    }
+
+    #[test]
+    fn retire_take_storm_keeps_the_structure_sound() {
+        if cfg!(miri) {
+            retire_take_storm(3, 60, 160, 0x1234_5678);
+            retire_take_storm(2, 60, 12, 0x9999);
+            return;
+        }
+        for r in 0..20 {
+            retire_take_storm(3, 10_000, 160, 0x1234_5678 + r);
+            retire_take_storm(2, 10_000, 12, 0x9999 + r);
+            retire_take_storm(4, 5_000, 2000, 0x7777 + r);
+        }
     }
 }

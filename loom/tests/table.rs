@@ -322,3 +322,58 @@ fn retire_take_that_empties_its_home_node_racing_an_insert_into_it() {
         assert_eq!(t.len(), 1);
     });
 }
+
+#[test]
+fn retire_take_racing_two_expansions_of_its_entry() {
+    // 4 sits in root slot 0. Inserting 8 moves it into a new node N1 (slot 1); inserting 68
+    // (slots 0, then 1, then 1 again) moves it once more, or together with 8's expansion in
+    // either order, so the two home stores can land in either order. The owner retires 4
+    // through its home meanwhile; then every key is taken out and inserted again: exactly one
+    // removal each, and no frozen node left in the way.
+    loom::model(|| {
+        let t: Arc<IdentTable> = Arc::new(Table::with_hasher(Default::default()));
+        {
+            let h = t.register();
+            let g = pin(&h);
+            t.get_or_insert_with(4, Chain::new, &g);
+        }
+        let inserters: Vec<_> = [8u32, 68]
+            .into_iter()
+            .map(|k| {
+                let t = t.clone();
+                thread::spawn(move || {
+                    let h = t.register();
+                    let g = pin(&h);
+                    t.get_or_insert_with(k, Chain::new, &g);
+                })
+            })
+            .collect();
+        let h = t.register();
+        {
+            let g = pin(&h);
+            let e4 = t.get(&4, &g).unwrap();
+            // SAFETY: the entry is this table's; `try_retire` succeeds only on the transition.
+            let taken = unsafe { t.retire_take(e4, &g, |c| c.try_retire()) };
+            assert!(taken.is_some());
+            t.defer_free(taken, &g);
+        }
+        for j in inserters {
+            j.join().unwrap();
+        }
+        let g = pin(&h);
+        assert!(t.get(&4, &g).is_none());
+        assert_eq!(t.len(), 2);
+        for k in [8u32, 68] {
+            let e = t.get(&k, &g).expect("inserted key present");
+            // SAFETY: as above.
+            let taken = unsafe { t.retire_take(e, &g, |c| c.try_retire()) };
+            assert!(taken.is_some(), "key {k}");
+            t.defer_free(taken, &g);
+        }
+        assert_eq!(t.len(), 0);
+        for k in [4u32, 8, 68] {
+            t.get_or_insert_with(k, Chain::new, &g);
+        }
+        assert_eq!(t.len(), 3);
+    });
+}
