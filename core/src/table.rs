@@ -1054,11 +1054,12 @@ where
         );
         let hash = entry.hash;
         let leaf = entry as *const Entry<K, V> as usize | LEAF;
-        // SAFETY: the entry is ours (caller's contract), and every value its home word ever
-        // holds names a slot on its path (see "Home slots"); a node on the path to an entry in
-        // the table is non-empty, so never frozen or unlinked. The entry was in the table when
-        // `retire` moved it to retired just now (contract), under `guard`: the node can be
-        // unlinked only after that, and its free waits for `guard`, which is this table's.
+        // The home node is allocated: the entry is this table's (caller's contract) and every
+        // value its home word ever holds names a slot on its path (see "Home slots"); a node on
+        // the path to an entry in the table is non-empty, so never frozen or unlinked. The entry
+        // was in the table when `retire` moved it to retired just now (contract), under `guard`:
+        // the node can be unlinked only after that, and its free waits for `guard`.
+        // SAFETY: the home node outlives `guard`'s use here, as just argued.
         let (slot, node) = unsafe { self.slot_at(entry.home.load(Ordering::Acquire), hash) };
         if slot.load(Ordering::Acquire) == leaf
             && slot
@@ -1094,30 +1095,41 @@ where
         (&n.slots[home & (FANOUT - 1)], Some(n))
     }
 
+    /// Unlinks the frozen `node` from `slot`, the slot holding it, and defers its free. `false`
+    /// if a helper unlinked it first (and so handles its parent).
+    fn unlink_node(slot: &AtomicUsize, node: &Inner, guard: &Guard) -> bool {
+        debug_assert!(node.is_frozen());
+        let expected = node as *const Inner as usize | INNER;
+        if slot
+            .compare_exchange(expected, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        // SAFETY: our CAS removed the node from its only slot. The pointer is rebuilt from the
+        // integer address, so it takes the provenance the Box's pointer exposed when the node
+        // was published; one derived from the shared reference may not free it.
+        unsafe {
+            let p = untag::<Inner>(expected) as *mut Inner;
+            guard.defer_unchecked(move || drop(Box::from_raw(p)));
+        }
+        true
+    }
+
     /// `frozen` (an inner node on the path of `hash`) was just frozen by this thread: unlink it
     /// from its parent slot (unless a helper did), cascading upwards through parents that this
     /// thread's release empties in turn. `guard` was pinned while `frozen` was linked.
     fn unlink_frozen_node(&self, hash: u64, frozen: &Inner, guard: &Guard) {
         let mut node = frozen;
         loop {
-            // SAFETY: `node` is linked in its parent slot until the CAS below succeeds (only
-            // that CAS, ours or a helper's, unlinks it), so the parent has a non-empty slot and
-            // is not frozen; it was linked while `guard` was pinned, so its free (after it
-            // empties, later) waits for `guard`.
+            // The parent is allocated: `node` stays linked in its parent slot until the CAS in
+            // `unlink_node` succeeds (only that CAS, ours or a helper's, unlinks it), so the
+            // parent has a non-empty slot and is not frozen; it was linked while `guard` was
+            // pinned, so its free (after it empties, later) waits for `guard`.
+            // SAFETY: the parent outlives `guard`'s use here, as just argued.
             let (slot, parent) = unsafe { self.slot_at(node.parent, hash) };
-            let expected = node as *const Inner as usize | INNER;
-            if slot
-                .compare_exchange(expected, 0, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-            {
+            if !Self::unlink_node(slot, node, guard) {
                 return; // a helper unlinked it (and handles the parent)
-            }
-            // SAFETY: our CAS removed the node from its only slot. The pointer is rebuilt from
-            // the integer address, so it takes the provenance the Box's pointer exposed when the
-            // node was published; one derived from the shared reference may not free it.
-            unsafe {
-                let p = untag::<Inner>(expected) as *mut Inner;
-                guard.defer_unchecked(move || drop(Box::from_raw(p)));
             }
             match parent {
                 Some(p) if p.release() => node = p, // the parent froze too: cascade
@@ -1189,20 +1201,8 @@ where
         {
             debug_assert!(frozen.is_frozen());
             let parent = path.top();
-            let expected = frozen as *const Inner as usize | INNER;
-            if parent
-                .slot
-                .compare_exchange(expected, 0, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-            {
+            if !Self::unlink_node(parent.slot, frozen, guard) {
                 return; // someone else unlinked it (and handles the parent)
-            }
-            // SAFETY: our CAS removed the node from its only slot. The pointer is rebuilt from
-            // the integer address, so it takes the provenance the Box's pointer exposed when the
-            // node was published; one derived from the shared reference may not free it.
-            unsafe {
-                let p = untag::<Inner>(expected) as *mut Inner;
-                guard.defer_unchecked(move || drop(Box::from_raw(p)));
             }
             match parent.node {
                 Some(pnode) if pnode.release() => continue, // parent froze too: cascade

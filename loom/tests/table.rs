@@ -223,6 +223,27 @@ fn table_with_4_and_8() -> Arc<IdentTable> {
     t
 }
 
+/// Inserts `key` into `t` from a new thread.
+fn spawn_insert(t: &Arc<IdentTable>, key: u32) -> thread::JoinHandle<()> {
+    let t = t.clone();
+    thread::spawn(move || {
+        let h = t.register();
+        let g = pin(&h);
+        t.get_or_insert_with(key, Chain::new, &g);
+    })
+}
+
+/// The owner's retire of `key` through `retire_take`, its entry handed to the epoch. Returns
+/// whether this call took the entry out (`false`: an inserter replaced it first).
+fn retire_and_take(t: &IdentTable, key: u32, g: &crossbeam_epoch::Guard) -> bool {
+    let e = t.get(&key, g).expect("the key is in the table");
+    // SAFETY: the entry is this table's; `try_retire` succeeds only on the transition.
+    let taken = unsafe { t.retire_take(e, g, |c| c.try_retire()) };
+    let took = taken.is_some();
+    t.defer_free(taken, g);
+    took
+}
+
 #[test]
 fn retire_take_racing_an_expansion_of_its_home() {
     // Key 72 lands in N's slot 2 too (72 >> 2 = 18, low nibble 2): its insert pushes entry 8 one
@@ -231,19 +252,13 @@ fn retire_take_racing_an_expansion_of_its_home() {
     // unlink falls back to the search). Exactly one removal either way.
     loom::model(|| {
         let t = table_with_4_and_8();
-        let t2 = t.clone();
-        let inserter = thread::spawn(move || {
-            let h = t2.register();
-            let g = pin(&h);
-            t2.get_or_insert_with(72, Chain::new, &g);
-        });
+        let inserter = spawn_insert(&t, 72);
         let h = t.register();
         let g = pin(&h);
-        let e8 = t.get(&8, &g).unwrap();
-        // SAFETY: the entry is this table's; `try_retire` succeeds only on the transition.
-        let taken = unsafe { t.retire_take(e8, &g, |c| c.try_retire()) };
-        assert!(taken.is_some(), "the owner's retire_take removes the entry");
-        t.defer_free(taken, &g);
+        assert!(
+            retire_and_take(&t, 8, &g),
+            "the owner's retire_take removes the entry"
+        );
         inserter.join().unwrap();
         assert!(t.get(&8, &g).is_none());
         assert!(t.get(&4, &g).is_some() && t.get(&72, &g).is_some());
@@ -297,21 +312,12 @@ fn retire_take_that_empties_its_home_node_racing_an_insert_into_it() {
     // into N before the freeze, or, meeting N frozen, after helping unlink it. 12 must land.
     loom::model(|| {
         let t = table_with_4_and_8();
-        let t2 = t.clone();
-        let inserter = thread::spawn(move || {
-            let h = t2.register();
-            let g = pin(&h);
-            t2.get_or_insert_with(12, Chain::new, &g);
-        });
+        let inserter = spawn_insert(&t, 12);
         let h = t.register();
         {
             let g = pin(&h);
             for k in [8, 4] {
-                let e = t.get(&k, &g).unwrap();
-                // SAFETY: the entry is this table's; `try_retire` succeeds only on the transition.
-                let taken = unsafe { t.retire_take(e, &g, |c| c.try_retire()) };
-                assert!(taken.is_some(), "key {k}");
-                t.defer_free(taken, &g);
+                assert!(retire_and_take(&t, k, &g), "key {k}");
             }
         }
         flush(&h);
@@ -337,25 +343,11 @@ fn retire_take_racing_two_expansions_of_its_entry() {
             let g = pin(&h);
             t.get_or_insert_with(4, Chain::new, &g);
         }
-        let inserters: Vec<_> = [8u32, 68]
-            .into_iter()
-            .map(|k| {
-                let t = t.clone();
-                thread::spawn(move || {
-                    let h = t.register();
-                    let g = pin(&h);
-                    t.get_or_insert_with(k, Chain::new, &g);
-                })
-            })
-            .collect();
+        let inserters = [spawn_insert(&t, 8), spawn_insert(&t, 68)];
         let h = t.register();
         {
             let g = pin(&h);
-            let e4 = t.get(&4, &g).unwrap();
-            // SAFETY: the entry is this table's; `try_retire` succeeds only on the transition.
-            let taken = unsafe { t.retire_take(e4, &g, |c| c.try_retire()) };
-            assert!(taken.is_some());
-            t.defer_free(taken, &g);
+            assert!(retire_and_take(&t, 4, &g));
         }
         for j in inserters {
             j.join().unwrap();
@@ -364,11 +356,7 @@ fn retire_take_racing_two_expansions_of_its_entry() {
         assert!(t.get(&4, &g).is_none());
         assert_eq!(t.len(), 2);
         for k in [8u32, 68] {
-            let e = t.get(&k, &g).expect("inserted key present");
-            // SAFETY: as above.
-            let taken = unsafe { t.retire_take(e, &g, |c| c.try_retire()) };
-            assert!(taken.is_some(), "key {k}");
-            t.defer_free(taken, &g);
+            assert!(retire_and_take(&t, k, &g), "key {k}");
         }
         assert_eq!(t.len(), 0);
         for k in [4u32, 8, 68] {
