@@ -1752,37 +1752,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn matches_a_hashmap_model_under_churn() {
-        let t: Table<u64, Flag, BuildHasherDefault<Ident>> = Table::with_hasher(Default::default());
-        let h = t.register();
-        let mut model: HashMap<u64, ()> = HashMap::new();
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        for _ in 0..n() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            // Keys that share long hash prefixes, to exercise deep paths and compaction.
-            let k = (x % 64) << ((x >> 8) % 50);
-            let g = h.pin();
-            if x & 1 == 0 {
-                t.get_or_insert_with(k, Flag::default, &g);
-                model.insert(k, ());
-            } else if let Some(e) = t.get(&k, &g) {
-                e.value().retire();
-                assert!(t.unlink(e, &g));
-                assert!(model.remove(&k).is_some());
-            } else {
-                assert!(!model.contains_key(&k));
-            }
-        }
-        assert_eq!(t.len(), model.len());
-        let g = h.pin();
-        for k in model.keys() {
-            assert!(t.get(k, &g).is_some());
-        }
-    }
-
     /// Retires a `Flag` entry of `t` and takes it out through `retire_take`.
     fn retire_flag<S: BuildHasher>(
         t: &Table<u64, Flag, S>,
@@ -1883,13 +1852,26 @@ mod tests {
         assert_eq!(t.roots[7].load(Ordering::Relaxed), 0);
     }
 
-    #[test]
-    fn retire_take_matches_a_hashmap_model_under_churn() {
+    /// Random inserts and removals of keys that share long hash prefixes (deep paths,
+    /// expansions, freezes), against a `HashMap`; removals by search (`unlink`) or through the
+    /// home slot (`retire_take`). Every fresh entry must sit in its home slot, and once every
+    /// key is out the index must have shrunk to nothing.
+    fn churn_against_a_hashmap_model(seed: u64, iterations: usize, via_home: bool) {
         let t: Table<u64, Flag, BuildHasherDefault<Ident>> = Table::with_hasher(Default::default());
         let h = t.register();
+        let remove = |e: &Entry<u64, Flag>, g: &Guard| {
+            if via_home {
+                let taken = retire_flag(&t, e, g);
+                assert!(taken.is_some());
+                t.defer_free(taken, g);
+            } else {
+                e.value().retire();
+                assert!(t.unlink(e, g));
+            }
+        };
         let mut model: HashMap<u64, ()> = HashMap::new();
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        for _ in 0..n() / 2 {
+        let mut x = seed;
+        for _ in 0..iterations {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
@@ -1903,9 +1885,7 @@ mod tests {
                 }
                 model.insert(k, ());
             } else if let Some(e) = t.get(&k, &g) {
-                let taken = retire_flag(&t, e, &g);
-                assert!(taken.is_some());
-                t.defer_free(taken, &g);
+                remove(e, &g);
                 assert!(model.remove(&k).is_some());
             } else {
                 assert!(!model.contains_key(&k));
@@ -1914,17 +1894,26 @@ mod tests {
         assert_eq!(t.len(), model.len());
         let g = h.pin();
         for k in model.keys() {
-            assert!(t.get(k, &g).is_some());
-        }
-        for k in model.keys() {
-            let e = t.get(k, &g).unwrap();
-            t.defer_free(retire_flag(&t, e, &g), &g);
+            remove(
+                t.get(k, &g).expect("a key of the model is in the table"),
+                &g,
+            );
         }
         assert_eq!(t.len(), 0);
         assert!(
             t.roots.iter().all(|r| r.load(Ordering::Relaxed) == 0),
             "index shrank to nothing"
         );
+    }
+
+    #[test]
+    fn matches_a_hashmap_model_under_churn() {
+        churn_against_a_hashmap_model(0x9E37_79B9_7F4A_7C15, n(), false);
+    }
+
+    #[test]
+    fn retire_take_matches_a_hashmap_model_under_churn() {
+        churn_against_a_hashmap_model(0x2545_F491_4F6C_DD1D, n() / 2, true);
     }
 
     #[test]
