@@ -71,8 +71,3 @@ pub mod loom_api {
     pub use crate::sleep::Sleep;
     pub use crate::sync::{Parker, Unparker};
 }
-
-/// A per-thread spread for unkeyed tasks' first queue.
-pub(crate) fn gate_slot_hint() -> usize {
-    gate::thread_slot()
-}

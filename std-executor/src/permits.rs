@@ -173,8 +173,7 @@ fn on_grant<K>(
             }
         }
     }
-    let slot = entry.value().last_worker.load(Ordering::Relaxed);
-    shared.schedule(Runnable::Chain(wait.entry), slot, None);
+    shared.schedule(Runnable::Chain(wait.entry), None);
     wait.state.store(QUEUED, Ordering::Release);
     lock(&shared.permit_waits).map.remove(&id);
 }

@@ -414,8 +414,7 @@ where
         let local = on_worker.map(|(_, d)| d);
         let Some(key) = key else {
             let (_, task) = build(None);
-            let slot = crate::gate_slot_hint() % sh.config.workers;
-            sh.schedule(Runnable::Task(task), slot, local);
+            sh.schedule(Runnable::Task(task), local);
             ticket.admit();
             return Ok(());
         };
@@ -437,8 +436,7 @@ where
         loop {
             match entry.value().chain.push(node) {
                 Ok(Pushed::Activated) => {
-                    let slot = self.slot_for(entry);
-                    sh.schedule(Runnable::Chain(NonNull::from(entry)), slot, local);
+                    sh.schedule(Runnable::Chain(NonNull::from(entry)), local);
                     break;
                 }
                 Ok(Pushed::Queued) => break,
@@ -474,16 +472,7 @@ where
     fn entry_for<'g>(&'g self, key: &K, guard: &'g crossbeam_epoch::Guard) -> &'g KeyEntry<K> {
         self.shared
             .table
-            .get_or_insert_cloned(key, || KeyState::new(usize::MAX), guard)
-    }
-
-    fn slot_for(&self, entry: &KeyEntry<K>) -> usize {
-        let w = entry.value().last_worker.load(Ordering::Relaxed);
-        if w == usize::MAX {
-            (entry.hash() >> 32) as usize % self.shared.config.workers
-        } else {
-            w
-        }
+            .get_or_insert_cloned(key, KeyState::new, guard)
     }
 
     /// Stops accepting tasks; queued tasks still run. Idempotent; returns at once (see
@@ -545,21 +534,16 @@ where
             self.drain_into(e, &mut out);
         }
         // 3. Every queue.
+        let mut take = |r| match r {
+            Runnable::Chain(e) => self.drain_into(e, &mut out),
+            Runnable::Task(t) => out.push(PendingTask::new(None, t)),
+        };
+        while let Some(r) = worker::steal_into(|| sh.global.steal()) {
+            take(r);
+        }
         for slot in sh.slots.iter() {
-            loop {
-                let r = match slot.injector.steal() {
-                    crossbeam_deque::Steal::Success(r) => r,
-                    crossbeam_deque::Steal::Retry => continue,
-                    crossbeam_deque::Steal::Empty => match slot.stealer.steal() {
-                        crossbeam_deque::Steal::Success(r) => r,
-                        crossbeam_deque::Steal::Retry => continue,
-                        crossbeam_deque::Steal::Empty => break,
-                    },
-                };
-                match r {
-                    Runnable::Chain(e) => self.drain_into(e, &mut out),
-                    Runnable::Task(t) => out.push(PendingTask::new(None, t)),
-                }
+            while let Some(r) = worker::steal_into(|| slot.stealer.steal()) {
+                take(r);
             }
         }
         // 4. What workers handed back themselves.

@@ -28,17 +28,14 @@ pub(crate) struct KeyState {
     pub(crate) distinct: AtomicBool,
     /// Idle bookkeeping (see `idle.rs`).
     pub(crate) idle: IdleWord,
-    /// The worker slot that last ran this key (affinity hint).
-    pub(crate) last_worker: AtomicUsize,
 }
 
 impl KeyState {
-    pub(crate) fn new(worker: usize) -> KeyState {
+    pub(crate) fn new() -> KeyState {
         KeyState {
             chain: Chain::new(),
             distinct: AtomicBool::new(false),
             idle: IdleWord::new(),
-            last_worker: AtomicUsize::new(worker),
         }
     }
 }
@@ -79,10 +76,9 @@ impl Counters {
     }
 }
 
-/// One worker slot: its queues, its phase and its counters. Slots `0..workers` are the core
-/// workers; the rest are for elastic extras.
+/// One worker slot: the stealing end of its local queue, its phase and its counters. Slots
+/// `0..workers` are the core workers; the rest are for elastic extras.
 pub(crate) struct Slot<K> {
-    pub(crate) injector: Injector<Runnable<K>>,
     pub(crate) stealer: Stealer<Runnable<K>>,
     /// The slot's local deque while no thread owns the slot.
     pub(crate) local: Mutex<Option<crate::worker::Owned<K>>>,
@@ -119,6 +115,9 @@ pub(crate) struct Shared<K> {
     /// Entries come from the per-thread recycling caches: a key is created on the submitter and
     /// freed wherever the epoch runs its deferred frees.
     pub(crate) table: Table<K, KeyState, RandomState, Recycled>,
+    /// Where outside submitters and yielding chains queue runnables: any worker takes from it
+    /// (see `worker.rs`, "Finding work").
+    pub(crate) global: CachePadded<Injector<Runnable<K>>>,
     pub(crate) slots: Box<[Slot<K>]>,
     pub(crate) sleep: Sleep,
     pub(crate) gate: Gate,
@@ -171,7 +170,6 @@ where
         let slots: Box<[Slot<K>]> = owned
             .into_iter()
             .map(|o| Slot {
-                injector: Injector::new(),
                 stealer: o.deque.stealer(),
                 local: Mutex::new(Some(o)),
                 phase: CachePadded::new(Phase::new()),
@@ -187,6 +185,7 @@ where
                 RandomState::new(),
                 crossbeam_epoch::default_collector().clone(),
             ),
+            global: CachePadded::new(Injector::new()),
             slots,
             sleep: Sleep::new(unparkers),
             gate: Gate::new(gate_words),
@@ -211,33 +210,41 @@ where
     }
 
     /// Makes `r` runnable: into the calling worker's own deque when called from one of our
-    /// workers (`local`), else into the injector of `slot`; then wakes a worker if needed.
+    /// workers (`local`: the key's data is hot there, and idle siblings steal from it), else
+    /// into the global queue; then wakes a worker if needed.
     pub(crate) fn schedule(
         &self,
         r: Runnable<K>,
-        slot: usize,
         local: Option<&crossbeam_deque::Worker<Runnable<K>>>,
     ) {
         match local {
             Some(w) => w.push(r),
-            None => self.slots[slot % self.slots.len()].injector.push(r),
+            None => self.global.push(r),
         }
         self.notify();
     }
 
+    /// Something became runnable: wake a sleeper if nobody is searching; if every worker is
+    /// busy, tell the elastic pool.
     pub(crate) fn notify(&self) {
-        if self.sleep.notify() && self.config.max_workers > self.config.workers {
-            // Every worker is busy: start the elastic clock, and let the supervisor look.
-            if self.starved_since.load(Ordering::Relaxed) == 0 {
-                let _ = self.starved_since.compare_exchange(
-                    0,
-                    self.now_ms(),
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                );
-                if let Some(u) = lock(&self.supervisor).as_ref() {
-                    u.unpark();
-                }
+        if self.sleep.notify() {
+            self.starving();
+        }
+    }
+
+    /// Every worker was seen busy (none searching or asleep) while work waits: start the elastic
+    /// clock and let the supervisor look (`supervisor.rs`). Cheap when the clock already runs,
+    /// and a no-op without elastic slots.
+    pub(crate) fn starving(&self) {
+        if self.config.max_workers > self.config.workers
+            && self.starved_since.load(Ordering::Relaxed) == 0
+            && self
+                .starved_since
+                .compare_exchange(0, self.now_ms(), Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            if let Some(u) = lock(&self.supervisor).as_ref() {
+                u.unpark();
             }
         }
     }
@@ -258,9 +265,7 @@ where
 
     /// `true` if any queue visibly holds something runnable.
     pub(crate) fn has_visible_work(&self) -> bool {
-        self.slots
-            .iter()
-            .any(|s| !s.injector.is_empty() || !s.stealer.is_empty())
+        !self.global.is_empty() || self.slots.iter().any(|s| !s.stealer.is_empty())
     }
 
     /// Marks termination once the last worker has exited after shutdown.

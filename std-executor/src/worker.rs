@@ -3,27 +3,34 @@
 //!
 //! # Finding work
 //!
-//! Each worker slot has a local FIFO deque (chains made runnable from inside a task on this worker,
-//! where the key's data is hot) and an injector (chains made runnable by outside submitters whose
-//! key last ran here: key affinity at no cost). A worker looks in its deque, then its injector,
-//! then steals batches from the other slots' injectors and deques. A chain moves whole, with its
-//! `ACTIVE` baton, so stealing never reorders a key. Every 61st look starts at the injector so a
-//! busy deque cannot starve it.
+//! Outside submitters (and chains yielding after their fairness budget) put a runnable on the
+//! one global queue (a crossbeam `Injector`); any worker takes from it, so a ready key never
+//! waits behind a particular worker's slow task. A chain made runnable from inside a task goes
+//! to the running worker's local FIFO deque, where the key's data is hot: that is the only key
+//! affinity, and it costs no latency because idle workers steal from every deque at once (no
+//! time threshold).
 //!
-//! # Stalled siblings
+//! A worker looks in its deque, then takes a small batch (at most [`GLOBAL_BATCH`]) from the
+//! global queue into its deque, then steals half of a sibling's deque. Every [`GLOBAL_INTERVAL`]
+//! looks it starts at the global queue, so a worker fed by its own tasks cannot starve outside
+//! submitters (tokio's inject-queue check). A chain moves whole, with its `ACTIVE` baton, so
+//! stealing never reorders a key.
 //!
-//! A worker inside a long task (a sleep, blocking I/O) cannot hand over what waits in its deque
-//! and injector, and a sibling busy with its own queues would reach them only once those run dry:
-//! a burst of short tasks then waits behind one slow task, the head-of-line blocking this library
-//! exists to avoid. So each time it has started [`STALL_CHECK`] tasks, a worker reads each
-//! sibling's `started` counter (one load per sibling; the counter is bumped once per task). A
-//! sibling whose counter has not moved for [`STALL_MS`] while its queues hold work is *stalled*:
-//! before its own queues, this worker then takes one batch from it (from its deque, else from its
-//! injector, which keeps receiving the keys that last ran there). One batch per check drains what
-//! a stuck owner left behind within a few checks. A sibling merely descheduled by the OS looks the
-//! same from outside (with more threads than cores it happens all the time); the time threshold
-//! and the one batch per check keep those false alarms rare and cheap. Stealing is the ordinary
-//! whole-chain steal, so order is unaffected.
+//! A sibling that blocks in a task cannot run what waits in its deque, and a worker that never
+//! runs dry would never steal it. So at each of those periodic checks, before the global queue,
+//! a worker also reads each sibling's `started` counter (one load per sibling): a sibling that
+//! started no task since the previous check, [`GLOBAL_INTERVAL`] looks ago, while its deque holds
+//! work, is stuck in one task, and the worker takes a batch of that deque. The criterion is
+//! progress, not time: it costs no latency when nothing blocks, and a sibling merely descheduled
+//! by the OS only loses one batch it would have run a little later.
+//!
+//! Waking follows rayon's rule, exactly as many sleepers as there is new work (`sleep.rs`): a
+//! submit wakes one sleeper only if no worker is already searching, and the last searcher to
+//! find work wakes one more if work is still visible. A batch moved into a deque is visible to
+//! stealers, so a worker that then blocks in a task leaves that batch to its idle siblings, and
+//! when no sibling is idle the elastic pool hears of it (`Shared::starving`): the searcher that
+//! finds work while more waits and nobody else is idle starts the elastic clock, whatever the
+//! timing of the submits (`supervisor.rs`).
 //!
 //! # Draining and fairness
 //!
@@ -58,11 +65,12 @@ use crate::PendingTask;
 /// How many rounds an idle worker spins (re-searching) before it parks.
 const SPIN_ROUNDS: u32 = 16;
 
-/// A worker looks for stalled siblings each time it has started this many tasks.
-const STALL_CHECK: u64 = 64;
-/// A sibling is stalled once its task count has not moved for this many milliseconds (longer
-/// than most of the OS's time slices, so a merely descheduled sibling rarely counts).
-const STALL_MS: u64 = 2;
+/// A worker starts its search at the global queue once every this many looks.
+const GLOBAL_INTERVAL: u32 = 31;
+/// The most runnables a worker moves from the global queue into its deque at once: enough to
+/// take one shared-queue transfer per several chains, few enough that a batch stuck behind a
+/// task that blocks is small (and stealable).
+const GLOBAL_BATCH: usize = 4;
 
 thread_local! {
     /// The serializer and slot of the worker running on this thread, and its local deque.
@@ -136,12 +144,8 @@ struct WorkerLoop<'a, K> {
     searching: bool,
     tick: u32,
     now: u64,
-    /// Each slot's `started` count at the last stall check (this worker's own too), and when
-    /// (`now`, in ms) a sibling's count was last seen to move.
-    seen: Vec<(u64, u64)>,
-    /// Siblings judged stalled at the last check and not yet stolen from (see "Stalled
-    /// siblings").
-    stalled: Vec<usize>,
+    /// Each slot's `started` count at the previous periodic check (see "Finding work").
+    seen: Vec<u64>,
 }
 
 enum After {
@@ -164,8 +168,7 @@ where
             searching: true,
             tick: 0,
             now: shared.now_ms(),
-            seen: vec![(0, 0); shared.slots.len()],
-            stalled: Vec::new(),
+            seen: vec![0; shared.slots.len()],
         }
     }
 
@@ -309,11 +312,15 @@ where
     }
 
     fn found(&mut self, r: Runnable<K>) -> After {
-        if self.searching {
-            self.searching = false;
-            if self.shared.sleep.stop_searching() && self.shared.has_visible_work() {
-                // The last searcher found work and more is waiting: get another worker looking.
-                self.shared.sleep.wake_one();
+        if std::mem::take(&mut self.searching)
+            && self.shared.sleep.stop_searching()
+            && self.shared.has_visible_work()
+        {
+            // The last searcher found work and more is waiting (perhaps pushed while we were
+            // searching, when the submit woke nobody): get another worker looking, or, if none
+            // is idle, tell the elastic pool that every worker is busy while work waits.
+            if !self.shared.sleep.wake_one() && !self.shared.sleep.has_idle_worker() {
+                self.shared.starving();
             }
         }
         let after = match r {
@@ -339,65 +346,35 @@ where
         }
     }
 
-    /// Re-reads the siblings' progress: a sibling that has started no task for [`STALL_MS`] and
-    /// has queued work is stalled.
-    fn check_stalls(&mut self) {
-        self.stalled.clear();
-        self.now = self.shared.now_ms();
-        let now = self.now;
-        for (i, other) in self.shared.slots.iter().enumerate() {
-            let started = other.counters.started.load(Ordering::Relaxed);
-            let (seen, since) = &mut self.seen[i];
-            if i == self.index || started != *seen {
-                *seen = started;
-                *since = now;
-            } else if now.saturating_sub(*since) >= STALL_MS
-                && !(other.stealer.is_empty() && other.injector.is_empty())
-            {
-                self.stalled.push(i);
-            }
-        }
-    }
-
     fn find_work(&mut self) -> Option<Runnable<K>> {
         self.tick = self.tick.wrapping_add(1);
-        let mine = self.slot.counters.started.load(Ordering::Relaxed);
-        if mine.wrapping_sub(self.seen[self.index].0) >= STALL_CHECK {
-            self.check_stalls();
-        }
         let deque = &self.owned.as_ref()?.deque;
-        if self.tick % 61 == 0 {
-            if let Some(r) = steal_into(|| self.slot.injector.steal_batch_and_pop(deque)) {
+        let global = &self.shared.global;
+        let from_global =
+            || steal_into(|| global.steal_batch_with_limit_and_pop(deque, GLOBAL_BATCH));
+        let found = if self.tick % GLOBAL_INTERVAL == 0 {
+            from_stuck_sibling(self.shared, self.index, &mut self.seen, deque).or_else(from_global)
+        } else {
+            None
+        };
+        if found.is_none() {
+            if let Some(r) = deque.pop() {
                 return Some(r);
             }
         }
-        // One batch from each stalled sibling per check: enough to drain what its owner left
-        // behind, too little to matter when the sibling was only descheduled for a while.
-        while let Some(i) = self.stalled.pop() {
-            let other = &self.shared.slots[i];
-            if let Some(r) = steal_into(|| other.stealer.steal_batch_and_pop(deque)) {
-                return Some(r);
-            }
-            if let Some(r) = steal_into(|| other.injector.steal_batch_and_pop(deque)) {
-                return Some(r);
-            }
+        let found = found.or_else(from_global).or_else(|| {
+            let n = self.shared.slots.len();
+            (1..n).find_map(|k| {
+                let other = &self.shared.slots[(self.index + k) % n];
+                steal_into(|| other.stealer.steal_batch_and_pop(deque))
+            })
+        });
+        if found.is_some() && !self.searching && !deque.is_empty() {
+            // What we moved into our deque is more work than we can start now: let a sleeper
+            // steal it (a searcher does this in `found`).
+            self.shared.notify();
         }
-        if let Some(r) = deque.pop() {
-            return Some(r);
-        }
-        let n = self.shared.slots.len();
-        for k in 0..n {
-            let other = &self.shared.slots[(self.index + k) % n];
-            if let Some(r) = steal_into(|| other.injector.steal_batch_and_pop(deque)) {
-                return Some(r);
-            }
-            if k != 0 {
-                if let Some(r) = steal_into(|| other.stealer.steal_batch_and_pop(deque)) {
-                    return Some(r);
-                }
-            }
-        }
-        None
+        found
     }
 
     fn bump(&self, f: impl Fn(&Counters) -> &crate::sync::AtomicU64) {
@@ -438,9 +415,6 @@ where
         let entry = unsafe { entry_ptr.as_ref() };
         let ks = entry.value();
         let chain = &ks.chain;
-        if ks.last_worker.load(Ordering::Relaxed) != self.index {
-            ks.last_worker.store(self.index, Ordering::Relaxed);
-        }
         let budget = self.shared.config.fairness_budget;
         let mut ran = 0;
         loop {
@@ -450,9 +424,9 @@ where
                 if unsafe { chain.try_release() } {
                     self.released(entry_ptr, &guard);
                 } else {
-                    // Yield: to the back of our injector, behind keys that arrived meanwhile.
-                    self.slot.injector.push(Runnable::Chain(entry_ptr));
-                    self.shared.notify();
+                    // Yield: to the back of the global queue, behind keys that arrived
+                    // meanwhile, where any worker can take it.
+                    self.shared.schedule(Runnable::Chain(entry_ptr), None);
                 }
                 return After::Continue;
             }
@@ -594,7 +568,29 @@ where
     }
 }
 
-fn steal_into<T>(mut f: impl FnMut() -> Steal<T>) -> Option<T> {
+/// A batch from the deque of a sibling that started no task since the previous periodic
+/// check and has work queued (it is stuck in one task; see "Finding work").
+fn from_stuck_sibling<K>(
+    shared: &Shared<K>,
+    index: usize,
+    seen: &mut [u64],
+    deque: &Worker<Runnable<K>>,
+) -> Option<Runnable<K>> {
+    let mut found = None;
+    for (i, other) in shared.slots.iter().enumerate() {
+        let started = other.counters.started.load(Ordering::Relaxed);
+        let stuck = started == std::mem::replace(&mut seen[i], started)
+            && i != index
+            && found.is_none()
+            && !other.stealer.is_empty();
+        if stuck {
+            found = steal_into(|| other.stealer.steal_batch_and_pop(deque));
+        }
+    }
+    found
+}
+
+pub(crate) fn steal_into<T>(mut f: impl FnMut() -> Steal<T>) -> Option<T> {
     let backoff = Backoff::new();
     loop {
         match f() {

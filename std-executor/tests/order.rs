@@ -121,8 +121,8 @@ fn a_blocked_key_does_not_stop_other_keys() {
 }
 
 /// Chains queued on a worker that then blocks must not wait for that task while the other worker
-/// stays busy: the busy worker notices the stalled sibling and takes them (worker.rs, "Stalled
-/// siblings"). Key 2 keeps one worker busy for good with a chain that re-submits itself; key 1's
+/// stays busy: at its periodic check the busy worker sees that the sibling started no task since
+/// the previous check and takes its deque (worker.rs, "Finding work"). Key 2 keeps one worker busy for good with a chain that re-submits itself; key 1's
 /// task, on the other worker, queues 50 keys on its own worker's deque and then blocks until they
 /// have run.
 #[test]
