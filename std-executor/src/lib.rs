@@ -38,6 +38,7 @@ mod gate;
 mod handle;
 mod idle;
 mod nodes;
+mod permit_wait;
 mod permits;
 mod phase;
 mod serializer;
