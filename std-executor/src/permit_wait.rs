@@ -1,7 +1,7 @@
 //! The permit-wait hand-off, apart from the serializer: a [`Handoff`] word that decides, by one
 //! CAS, whether a parked chain's baton goes to its grant callback or to `shutdown_now`, and the
 //! [`WaitRegistry`] of parked waits that `shutdown_now` walks. `permits.rs` describes the whole
-//! protocol.
+//! protocol and names the loom models (`loom/tests/permits.rs`) that check these types.
 //!
 //! Nothing here knows about chains, semaphores or the serializer: a wait carries an opaque value
 //! (the serializer's is the key entry plus the semaphore request), so the loom models drive the

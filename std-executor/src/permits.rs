@@ -38,6 +38,20 @@
 //! then finds the chain on a ready queue, which it drains next. A closed semaphore resolves the
 //! head task as `Cancelled` (its permits can never come) and the key goes on.
 //!
+//! # Loom models
+//!
+//! `loom/tests/permits.rs` checks the real [`Handoff`] and [`WaitRegistry`] (through
+//! `keyserial::loom_api`), with a stand-in chain, permit count and ready queue:
+//!
+//! - `grant_racing_steal_hands_the_baton_to_exactly_one`: a grant callback holding a permit
+//!   races `steal_all`; exactly one takes the baton, the loser's permit goes back, and the
+//!   registry ends empty;
+//! - `steal_finding_granted_waits_until_the_chain_is_scheduled`: `steal_all` meets a grant
+//!   between its CAS and its ready-queue push, and when it returns the chain is in the queue;
+//! - `grants_racing_steal_all_handle_every_wait_once`: two waits, each granted (and removed) by
+//!   its own thread while `steal_all` walks the registry; every wait ends stolen or scheduled,
+//!   exactly once.
+//!
 //! [`Handoff`]: crate::permit_wait::Handoff
 //! [`Handoff::grant`]: crate::permit_wait::Handoff::grant
 //! [`Handoff::steal`]: crate::permit_wait::Handoff::steal
