@@ -38,6 +38,7 @@ mod gate;
 mod handle;
 mod idle;
 mod nodes;
+mod permit_wait;
 mod permits;
 mod phase;
 mod serializer;
@@ -67,6 +68,7 @@ pub mod loom_api {
     pub use crate::capacity::Capacity;
     pub use crate::gate::{Gate, Ticket};
     pub use crate::idle::{IdleWord, Reap};
+    pub use crate::permit_wait::{Handoff, PermitWait, WaitRegistry, Winner};
     pub use crate::phase::{AfterTask, Phase, Stopped};
     pub use crate::sleep::Sleep;
     pub use crate::sync::{Parker, Unparker};

@@ -142,7 +142,7 @@ pub(crate) struct Shared<K> {
     /// 0 when not starved. Drives the elastic pool.
     pub(crate) starved_since: AtomicU64,
     pub(crate) supervisor: Mutex<Option<crate::sync::Unparker>>,
-    pub(crate) permit_waits: Mutex<crate::permits::Waits<K>>,
+    pub(crate) permit_waits: crate::permits::PermitWaits<K>,
     pub(crate) start: Instant,
 }
 
@@ -203,7 +203,7 @@ where
             terminated_cond: Condvar::new(),
             starved_since: AtomicU64::new(0),
             supervisor: Mutex::new(None),
-            permit_waits: Mutex::new(crate::permits::Waits::default()),
+            permit_waits: crate::permits::PermitWaits::new(),
             start: Instant::now(),
             config,
         }

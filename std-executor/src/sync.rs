@@ -1,5 +1,6 @@
 //! The synchronisation facade of the std crate: `std::sync` normally, loom's under `cfg(loom)`, so
-//! the loom models in `loom/` can check this crate's protocols (semaphore grant/cancel, distinct queue).
+//! the loom models in `loom/` can check this crate's protocols (semaphore grant/cancel, distinct
+//! queue, the permit-wait hand-off).
 #![allow(unused_imports)]
 
 #[cfg(not(loom))]

@@ -454,12 +454,12 @@ where
                 Kind::Distinct => ks.distinct.store(false, Ordering::Release),
                 Kind::Permits => {
                     match crate::permits::acquire_or_park(self.shared, entry_ptr, task) {
-                        crate::permits::Gate::Run(t, p) => {
+                        crate::permits::PermitOutcome::Run(t, p) => {
                             task = t;
                             permit = p;
                         }
-                        crate::permits::Gate::Parked => return After::Continue,
-                        crate::permits::Gate::Dropped => {
+                        crate::permits::PermitOutcome::Parked => return After::Continue,
+                        crate::permits::PermitOutcome::Dropped => {
                             self.bump(|c| &c.dropped);
                             self.release_capacity();
                             continue;
