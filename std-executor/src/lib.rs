@@ -33,6 +33,7 @@
 
 mod builder;
 mod capacity;
+mod distinct;
 mod error;
 mod gate;
 mod handle;
@@ -40,6 +41,7 @@ mod idle;
 mod nodes;
 mod permits;
 mod phase;
+mod semaphore;
 mod serializer;
 mod shared;
 mod sleep;
@@ -48,9 +50,6 @@ mod supervisor;
 mod sync;
 mod task;
 mod worker;
-
-pub mod distinct;
-pub mod semaphore;
 
 pub use builder::Builder;
 pub use distinct::{Batch, DistinctQueue, Take};
@@ -68,6 +67,7 @@ pub mod loom_api {
     pub use crate::gate::{Gate, Ticket};
     pub use crate::idle::{IdleWord, Reap};
     pub use crate::phase::{AfterTask, Phase, Stopped};
+    pub use crate::semaphore::loom_hooks as semaphore;
     pub use crate::sleep::Sleep;
     pub use crate::sync::{Parker, Unparker};
 }
