@@ -90,9 +90,7 @@ use std::time::{Duration, Instant};
 
 use keyserial_core::permits::{PermitCounter, SlowAcquire, TryAcquireError};
 
-use crate::sync::{
-    lock, Arc, AtomicU8, AtomicUsize, Mutex, MutexGuard, Ordering, Parker, Wakeup,
-};
+use crate::sync::{lock, Arc, AtomicU8, AtomicUsize, Mutex, MutexGuard, Ordering, Parker, Wakeup};
 
 /// Waiter status: still queued (or being queued).
 const WAITING: u8 = 0;

@@ -587,7 +587,8 @@ where
     }
 
     /// Waits until the serializer has terminated (shut down and every worker exited) or
-    /// `timeout` passes; returns whether it terminated.
+    /// `timeout` passes; returns whether it terminated. A timeout too large to add to the current
+    /// time (`Duration::MAX`) means no timeout.
     ///
     /// ```
     /// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
@@ -597,19 +598,26 @@ where
     /// assert!(s.is_terminated());
     /// ```
     pub fn await_termination(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        self.wait_terminated(Instant::now().checked_add(timeout))
+    }
+
+    /// Waits for termination until `deadline` (`None`: without bound).
+    fn wait_terminated(&self, deadline: Option<Instant>) -> bool {
+        let cond = &self.shared.terminated_cond;
         let mut t = lock(&self.shared.terminated);
         while !*t {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            t = self
-                .shared
-                .terminated_cond
-                .wait_timeout(t, deadline - now)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
+            t = match deadline {
+                None => cond.wait(t).unwrap_or_else(|e| e.into_inner()),
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return false;
+                    }
+                    cond.wait_timeout(t, deadline - now)
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|e| e.into_inner().0)
+                }
+            };
         }
         true
     }
