@@ -49,3 +49,65 @@ fn await_termination_with_duration_max_waits_without_bound() {
     assert!(s.await_termination(Duration::ZERO));
     opener.join().unwrap();
 }
+
+fn assert_error_send_sync<T: Send + Sync + std::error::Error + 'static>() {}
+
+#[test]
+fn errors_are_send_sync_static_errors() {
+    assert_error_send_sync::<keyserial::TaskError>();
+    assert_error_send_sync::<keyserial::BuildError>();
+    assert_error_send_sync::<keyserial::Rejected<fn()>>();
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send_sync::<keyserial::PanicPayload>();
+}
+
+/// What `anyhow::Result` / `eyre::Result` code does with `?`: convert into a boxed
+/// `Error + Send + Sync` (anyhow and eyre require exactly these bounds).
+fn app(s: &Serializer<u32>, fail: bool) -> Result<u32, Box<dyn std::error::Error + Send + Sync>> {
+    let input = std::hint::black_box(7);
+    let h = s.submit(1, move || {
+        if fail {
+            panic!("bad input {input}"); // a formatted message: a `String` payload
+        }
+        42
+    })?;
+    let v = h.join()?;
+    Ok(v)
+}
+
+#[test]
+fn task_errors_convert_with_question_mark_and_keep_the_payload() {
+    let s: Serializer<u32> = Builder::new().workers(1).build().unwrap();
+    assert_eq!(app(&s, false).unwrap(), 42);
+    let err = app(&s, true).unwrap_err();
+    assert_eq!(err.to_string(), "task panicked: bad input 7");
+    let err = err.downcast::<keyserial::TaskError>().unwrap();
+    assert!(err.is_panic());
+    assert_eq!(err.panic_message(), Some("bad input 7"));
+    let payload = err.into_panic();
+    assert_eq!(payload.downcast_ref::<String>().unwrap(), "bad input 7");
+
+    // A non-string payload: reachable by value, not printed.
+    #[derive(Debug, PartialEq)]
+    struct Code(u16);
+    let err = s
+        .submit(2, || std::panic::panic_any(Code(503)))
+        .unwrap()
+        .join()
+        .unwrap_err();
+    assert_eq!(err.to_string(), "task panicked");
+    assert_eq!(err.panic_message(), None);
+    assert_eq!(*err.into_panic().downcast::<Code>().unwrap(), Code(503));
+
+    // The payload can resume the panic on the joining thread.
+    let err = s.submit(3, || panic!("again")).unwrap().join().unwrap_err();
+    let payload = std::panic::AssertUnwindSafe(err.into_panic());
+    let resumed = std::panic::catch_unwind(move || std::panic::resume_unwind({ payload }.0));
+    assert_eq!(*resumed.unwrap_err().downcast::<&str>().unwrap(), "again");
+
+    // Handles of tasks that did not panic have no payload.
+    assert!(keyserial::TaskError::Cancelled
+        .try_into_panic()
+        .unwrap_err()
+        .is_cancelled());
+}
