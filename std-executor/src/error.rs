@@ -316,17 +316,95 @@ impl<F> fmt::Display for Rejected<F> {
 
 impl<F> std::error::Error for Rejected<F> {}
 
-/// An invalid [`Builder`](crate::Builder) setting.
+/// Why [`Builder::build`](crate::Builder::build) failed: an invalid setting, or the operating
+/// system refused to start a thread. Match on [`kind`](Self::kind); the message
+/// ([`Display`](fmt::Display)) says the same in words.
 ///
 /// ```
-/// use keyserial::Builder;
+/// use keyserial::{BuildErrorKind, Builder};
 /// let err = Builder::<u32>::new().workers(0).build().unwrap_err();
-/// assert!(err.to_string().contains("workers"));
+/// assert_eq!(err.kind(), BuildErrorKind::ZeroWorkers);
+/// assert!(err.to_string().contains("workers must be at least 1"));
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct BuildError {
-    pub(crate) message: String,
+    kind: BuildErrorKind,
+    message: String,
+    source: Option<std::sync::Arc<std::io::Error>>,
 }
+
+/// The cause of a [`BuildError`]. New causes may be added (`#[non_exhaustive]`).
+///
+/// ```
+/// use keyserial::{BuildErrorKind, Builder};
+/// let err = Builder::<u32>::new().workers(4).max_workers(2).build().unwrap_err();
+/// match err.kind() {
+///     BuildErrorKind::MaxWorkersBelowWorkers => {} // raise max_workers
+///     other => panic!("unexpected {other:?}"),
+/// }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BuildErrorKind {
+    /// `workers(0)`: at least one worker is needed.
+    ZeroWorkers,
+    /// `max_workers` below `workers`.
+    MaxWorkersBelowWorkers,
+    /// `max_workers` (or `workers`) above the supported 4,096 threads.
+    TooManyWorkers,
+    /// `fairness_budget(0)`: a worker must run at least one task of a key per turn.
+    ZeroFairnessBudget,
+    /// `capacity(0)`: at least one task must fit.
+    ZeroCapacity,
+    /// The operating system refused to start a worker thread; [`source`](std::error::Error::source)
+    /// is the `io::Error`.
+    ThreadSpawn,
+}
+
+impl BuildError {
+    pub(crate) fn invalid(kind: BuildErrorKind) -> Self {
+        let message = match kind {
+            BuildErrorKind::ZeroWorkers => "workers must be at least 1",
+            BuildErrorKind::MaxWorkersBelowWorkers => "max_workers must be at least workers",
+            BuildErrorKind::TooManyWorkers => "max_workers must be at most 4096",
+            BuildErrorKind::ZeroFairnessBudget => "fairness_budget must be at least 1",
+            BuildErrorKind::ZeroCapacity => "capacity must be at least 1",
+            BuildErrorKind::ThreadSpawn => "could not start worker threads",
+        };
+        BuildError {
+            kind,
+            message: message.to_string(),
+            source: None,
+        }
+    }
+
+    pub(crate) fn spawn(e: std::io::Error) -> Self {
+        BuildError {
+            kind: BuildErrorKind::ThreadSpawn,
+            message: format!("could not start worker threads: {e}"),
+            source: Some(std::sync::Arc::new(e)),
+        }
+    }
+
+    /// What was wrong.
+    ///
+    /// ```
+    /// use keyserial::{BuildErrorKind, Builder};
+    /// let err = Builder::<u32>::new().capacity(0).build().unwrap_err();
+    /// assert_eq!(err.kind(), BuildErrorKind::ZeroCapacity);
+    /// ```
+    pub fn kind(&self) -> BuildErrorKind {
+        self.kind
+    }
+}
+
+impl PartialEq for BuildError {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind && self.message == other.message
+    }
+}
+
+impl Eq for BuildError {}
 
 impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -334,4 +412,10 @@ impl fmt::Display for BuildError {
     }
 }
 
-impl std::error::Error for BuildError {}
+impl std::error::Error for BuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}

@@ -53,7 +53,7 @@ mod worker;
 
 pub use builder::Builder;
 pub use distinct::{Batch, DistinctQueue, Take};
-pub use error::{BuildError, PanicPayload, RejectReason, Rejected, TaskError};
+pub use error::{BuildError, BuildErrorKind, PanicPayload, RejectReason, Rejected, TaskError};
 pub use handle::TaskHandle;
 pub use semaphore::{Acquire, AcquireError, Permit, Semaphore};
 pub use serializer::{PendingTask, Serializer};

@@ -111,3 +111,59 @@ fn task_errors_convert_with_question_mark_and_keep_the_payload() {
         .unwrap_err()
         .is_cancelled());
 }
+
+#[test]
+fn each_invalid_builder_value_has_its_own_build_error_kind() {
+    use keyserial::BuildErrorKind as Kind;
+    let cases = [
+        (
+            Builder::<u8>::new().workers(0),
+            Kind::ZeroWorkers,
+            "workers must be at least 1",
+        ),
+        (
+            Builder::<u8>::new().workers(4).max_workers(2),
+            Kind::MaxWorkersBelowWorkers,
+            "max_workers must be at least workers",
+        ),
+        (
+            Builder::<u8>::new().workers(1).max_workers(5000),
+            Kind::TooManyWorkers,
+            "max_workers must be at most 4096",
+        ),
+        (
+            Builder::<u8>::new().capacity(0),
+            Kind::ZeroCapacity,
+            "capacity must be at least 1",
+        ),
+        (
+            Builder::<u8>::new().fairness_budget(0),
+            Kind::ZeroFairnessBudget,
+            "fairness_budget must be at least 1",
+        ),
+    ];
+    for (builder, kind, message) in cases {
+        let err = builder.build().unwrap_err();
+        assert_eq!(err.kind(), kind, "{err}");
+        assert_eq!(
+            err.to_string(),
+            format!("invalid keyserial configuration: {message}")
+        );
+        assert!(std::error::Error::source(&err).is_none());
+        assert_eq!(err.clone(), err);
+    }
+    // The first invalid setting wins; valid edge values build.
+    let err = Builder::<u8>::new()
+        .workers(0)
+        .capacity(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.kind(), Kind::ZeroWorkers);
+    let ok = Builder::<u8>::new()
+        .workers(1)
+        .max_workers(1)
+        .capacity(1)
+        .fairness_budget(1)
+        .build();
+    assert!(ok.is_ok());
+}
