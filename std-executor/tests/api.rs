@@ -167,3 +167,101 @@ fn each_invalid_builder_value_has_its_own_build_error_kind() {
         .build();
     assert!(ok.is_ok());
 }
+
+#[test]
+fn shutdown_timeout_returns_true_when_everything_finishes_in_time() {
+    let s = Builder::<u32>::new().workers(2).build().unwrap();
+    let handles: Vec<_> = (0..100u32)
+        .map(|i| s.submit(i % 7, move || i).unwrap())
+        .collect();
+    assert!(s.shutdown_timeout(Duration::from_secs(10)));
+    assert!(s.is_terminated());
+    for (i, h) in handles.into_iter().enumerate() {
+        assert_eq!(h.join().unwrap(), i as u32);
+    }
+    assert!(s.execute(1, || ()).is_err());
+    assert!(s.shutdown_timeout(Duration::MAX), "idempotent");
+}
+
+#[test]
+fn shutdown_timeout_cancels_what_has_not_started_and_detaches_stuck_threads() {
+    let s = Builder::<u32>::new().workers(2).build().unwrap();
+    let (tx, rx) = mpsc::channel::<()>();
+    let stuck = s
+        .submit(1, move || {
+            rx.recv().ok();
+            "finished"
+        })
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(5), || s.stats().running == 1));
+    let behind = s.submit(1, || "behind the stuck task").unwrap();
+    let other = s.submit(2, || "another key").unwrap();
+    assert_eq!(other.join().unwrap(), "another key");
+
+    let t = Instant::now();
+    assert!(!s.shutdown_timeout(Duration::from_millis(50)));
+    assert!(t.elapsed() >= Duration::from_millis(50));
+    assert!(matches!(
+        behind.join(),
+        Err(keyserial::TaskError::Cancelled)
+    ));
+    assert!(!stuck.is_finished());
+
+    let t = Instant::now();
+    drop(s);
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "drop waited for the detached thread"
+    );
+    // The detached thread finishes its task, and the handle resolves as usual.
+    tx.send(()).unwrap();
+    assert_eq!(stuck.join().unwrap(), "finished");
+}
+
+#[test]
+fn drop_after_shutdown_now_and_a_failed_await_termination_does_not_wait() {
+    let s = Builder::<u32>::new().workers(1).build().unwrap();
+    let (tx, rx) = mpsc::channel::<()>();
+    let stuck = s
+        .submit(1, move || {
+            rx.recv().ok();
+            5
+        })
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(5), || s.stats().running == 1));
+    let queued = s.submit(2, || 6).unwrap();
+    let pending = s.shutdown_now();
+    assert_eq!(pending.len(), 1);
+    for p in pending {
+        p.run();
+    }
+    assert_eq!(queued.join().unwrap(), 6);
+    assert!(!s.await_termination(Duration::from_millis(20)));
+    let t = Instant::now();
+    drop(s);
+    assert!(t.elapsed() < Duration::from_secs(2));
+    tx.send(()).unwrap();
+    assert_eq!(stuck.join().unwrap(), 5);
+}
+
+#[test]
+fn drop_without_a_failed_bounded_wait_still_waits_for_running_tasks() {
+    let s = Builder::<u32>::new().workers(1).build().unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    let release = block_worker(&s, 1);
+    s.execute(1, move || {
+        flag.store(true, std::sync::atomic::Ordering::SeqCst)
+    })
+    .unwrap();
+    let opener = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(30));
+        release.send(()).unwrap();
+    });
+    // A failed wait without shutdown_now: drop stays graceful (queued tasks run, threads joined).
+    s.shutdown();
+    assert!(!s.await_termination(Duration::ZERO));
+    drop(s);
+    assert!(done.load(std::sync::atomic::Ordering::SeqCst));
+    opener.join().unwrap();
+}
