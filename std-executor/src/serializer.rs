@@ -11,7 +11,7 @@ use crossbeam_deque::Worker;
 use keyserial_core::chain::{Pushed, Retired};
 
 use crate::builder::Builder;
-use crate::handle::{JoinState, TaskHandle};
+use crate::handle::{JoinState, OriginCheck, TaskHandle};
 use crate::phase::Stopped;
 use crate::semaphore::Semaphore;
 use crate::shared::{Config, KeyEntry, KeyState, Runnable, Shared};
@@ -26,6 +26,11 @@ use crate::{RejectReason, Rejected, Stats};
 /// `Ok`; tasks of different keys run in parallel, and a slow or blocked task delays only its own
 /// key. Any number of keys may be used; a key that goes quiet is released as soon as it drains,
 /// or after [`key_idle_timeout`](Builder::key_idle_timeout).
+///
+/// Two ways to lose that order or that progress (see the [crate docs](crate)): a closure that
+/// returns a future (`|| async { .. }`) only *creates* the future, whose body then runs out of
+/// order; and a task that waits for a later task of its own key never finishes. Share a
+/// serializer by reference (`std::thread::scope`) or through an `Arc`.
 ///
 /// # Dropping
 ///
@@ -367,8 +372,9 @@ where
         let mut slot = Some(task);
         let mut handle = None;
         let mut permits = permits;
+        let mut origin = Some(self.origin_of(key.as_ref(), kind));
         self.admit(key, kind, mode, permits.as_ref().map(|p| p.1), |k| {
-            let state = JoinState::new();
+            let state = JoinState::new(origin.take().unwrap_or_default());
             handle = Some(TaskHandle::new(state.clone()));
             let job = Joined {
                 f: slot.take().expect("built once"),
@@ -492,6 +498,24 @@ where
         ticket.admit();
         Ok(())
     }
+
+    /// Debug builds: what a handle needs to catch a join on a later task of the caller's own
+    /// key ([`TaskHandle::join`]). Not for `submit_latest` tasks, which can also resolve by being
+    /// superseded while the caller waits.
+    #[cfg(debug_assertions)]
+    fn origin_of(&self, key: Option<&K>, kind: Kind) -> OriginCheck {
+        let key = key.filter(|_| kind != Kind::Latest)?.clone();
+        Some(Box::new(KeyOrigin {
+            id: self.shared.id,
+            shared: Arc::downgrade(&self.shared),
+            key,
+        }))
+    }
+
+    /// Release builds keep nothing for the check.
+    #[cfg(not(debug_assertions))]
+    #[inline(always)]
+    fn origin_of(&self, _key: Option<&K>, _kind: Kind) -> OriginCheck {}
 
     fn entry_for<'g>(&'g self, key: &K, guard: &'g crossbeam_epoch::Guard) -> &'g KeyEntry<K> {
         self.shared
@@ -781,6 +805,53 @@ where
             }
         }
         crate::supervisor::stop(&self.shared);
+    }
+}
+
+/// Debug builds: the serializer and key of a handle's task (see [`crate::handle::Origin`]).
+#[cfg(debug_assertions)]
+struct KeyOrigin<K> {
+    id: usize,
+    shared: std::sync::Weak<Shared<K>>,
+    key: K,
+}
+
+#[cfg(debug_assertions)]
+impl<K> crate::handle::Origin for KeyOrigin<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn running_same_key_here(&self) -> bool {
+        // Cheap exits first: most joins happen outside the serializer's workers.
+        if !worker::on_worker_of(self.id) {
+            return false;
+        }
+        let Some(sh) = self.shared.upgrade() else {
+            return false;
+        };
+        let Some((slot, _)) = worker::current_worker::<K>(sh.id) else {
+            return false;
+        };
+        // After shutdown_now a queued task may be handed back and run elsewhere: no verdict.
+        if sh.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        let slot = &sh.slots[slot];
+        // Only this thread moves its slot in and out of RUNNING and sets `current` before each
+        // task: RUNNING here means we are inside a task of the chain at `current`.
+        if !slot.phase.is_running() {
+            return false;
+        }
+        let Some(entry) = NonNull::new(slot.current.load(Ordering::Relaxed) as *mut KeyEntry<K>)
+        else {
+            return false; // an unkeyed task
+        };
+        // SAFETY: this thread's worker is inside a task of this entry's chain (RUNNING, set by
+        // this very thread), so the chain is active and the entry not retired; even if
+        // `shutdown_now` stole the chain meanwhile, an active chain's entry is freed only with
+        // the table, which `sh` keeps alive.
+        let same = unsafe { entry.as_ref() }.key() == &self.key;
+        same && !sh.stop.load(Ordering::Acquire)
     }
 }
 

@@ -265,3 +265,36 @@ fn drop_without_a_failed_bounded_wait_still_waits_for_running_tasks() {
     assert!(done.load(std::sync::atomic::Ordering::SeqCst));
     opener.join().unwrap();
 }
+
+/// A task that joins a later task of its own key would wait forever; debug builds turn that into
+/// a panic of the joining task (caught like any task panic).
+#[test]
+#[cfg(debug_assertions)]
+fn joining_a_later_task_of_the_same_key_from_inside_a_task_is_caught() {
+    let s = std::sync::Arc::new(Builder::<u32>::new().workers(2).build().unwrap());
+    let inner = s.clone();
+    let outer = s
+        .submit(1, move || {
+            let later = inner.submit(1, || "later").unwrap();
+            later.join().map_err(|e| e.to_string())
+        })
+        .unwrap();
+    let err = outer.join().unwrap_err();
+    let msg = err.panic_message().unwrap();
+    assert!(msg.contains("would never return"), "{msg}");
+
+    // Other keys, and finished tasks of the same key, may be joined from inside a task.
+    let inner = s.clone();
+    let ok = s
+        .submit(1, move || {
+            let other = inner.submit(2, || 2).unwrap().join().unwrap();
+            let (tx, rx) = mpsc::channel();
+            inner.execute(3, move || tx.send(()).unwrap()).unwrap();
+            rx.recv().unwrap();
+            other
+        })
+        .unwrap();
+    assert_eq!(ok.join().unwrap(), 2);
+    // The same key's task from outside any task: fine.
+    assert_eq!(s.submit(1, || 1).unwrap().join().unwrap(), 1);
+}
