@@ -442,7 +442,7 @@ fuzz_target!(|input: Input| {
             Ok(v) => assert!(started == 1 && !panics && v == id, "task {id}: Ok({v})"),
             Err(TaskError::Panicked(p)) => {
                 assert!(
-                    started == 1 && panics && is_intentional(&*p),
+                    started == 1 && panics && is_intentional(&*p.into_panic()),
                     "task {id}: Panicked"
                 )
             }

@@ -15,7 +15,7 @@ use std::pin::Pin;
 use std::task::{Context, Wake, Waker};
 use std::time::Duration;
 
-use keyserial::semaphore::loom_hooks::acquire_with_cancellable;
+use keyserial::loom_api::semaphore::acquire_with_cancellable;
 use keyserial::{AcquireError, Semaphore};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;

@@ -5,7 +5,7 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use crate::{BuildError, Serializer};
+use crate::{BuildError, BuildErrorKind, Serializer};
 
 /// Configures and builds a [`Serializer`].
 ///
@@ -185,39 +185,44 @@ where
 
     /// Checks the settings and starts the serializer's threads.
     ///
+    /// # Errors
+    /// A [`BuildError`] whose [`kind`](BuildError::kind) says what is wrong: `workers(0)`
+    /// ([`ZeroWorkers`](BuildErrorKind::ZeroWorkers)), `max_workers` below `workers`
+    /// ([`MaxWorkersBelowWorkers`](BuildErrorKind::MaxWorkersBelowWorkers)), more than 4,096
+    /// threads ([`TooManyWorkers`](BuildErrorKind::TooManyWorkers)), `fairness_budget(0)`
+    /// ([`ZeroFairnessBudget`](BuildErrorKind::ZeroFairnessBudget)), `capacity(0)`
+    /// ([`ZeroCapacity`](BuildErrorKind::ZeroCapacity)), or a thread the operating system would
+    /// not start ([`ThreadSpawn`](BuildErrorKind::ThreadSpawn)).
+    ///
     /// ```
-    /// let err = keyserial::Builder::<u8>::new().workers(2).max_workers(1).build().unwrap_err();
+    /// use keyserial::{BuildErrorKind, Builder};
+    /// let err = Builder::<u8>::new().workers(2).max_workers(1).build().unwrap_err();
+    /// assert_eq!(err.kind(), BuildErrorKind::MaxWorkersBelowWorkers);
     /// assert!(err.to_string().contains("max_workers"));
     /// ```
     pub fn build(self) -> Result<Serializer<K>, BuildError> {
-        let err = |m: &str| {
-            Err(BuildError {
-                message: m.to_string(),
-            })
-        };
+        let err = |kind| Err(BuildError::invalid(kind));
         let workers = self.workers.unwrap_or_else(|| {
             std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1)
         });
         if workers == 0 {
-            return err("workers must be at least 1");
+            return err(BuildErrorKind::ZeroWorkers);
         }
         let max_workers = self.max_workers.unwrap_or(workers);
         if max_workers < workers {
-            return err("max_workers must be at least workers");
+            return err(BuildErrorKind::MaxWorkersBelowWorkers);
         }
         if max_workers > 4096 {
-            return err("max_workers must be at most 4096");
+            return err(BuildErrorKind::TooManyWorkers);
         }
         if self.fairness_budget == 0 {
-            return err("fairness_budget must be at least 1");
+            return err(BuildErrorKind::ZeroFairnessBudget);
         }
         if self.capacity == Some(0) {
-            return err("capacity must be at least 1");
+            return err(BuildErrorKind::ZeroCapacity);
         }
-        Serializer::start(self, workers, max_workers).map_err(|e| BuildError {
-            message: format!("could not start worker threads: {e}"),
-        })
+        Serializer::start(self, workers, max_workers).map_err(BuildError::spawn)
     }
 }

@@ -59,10 +59,10 @@ use std::future::Future;
 use std::hash::Hash;
 use std::ops::Deref;
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::sync::{lock, Arc, Mutex, MutexGuard, Parker, Unparker};
+use crate::sync::{lock, Arc, Mutex, MutexGuard, Parker, Wakeup};
 
 /// A multi-producer, multi-consumer queue of unique items, taken in batches.
 ///
@@ -103,25 +103,11 @@ struct Member {
     in_progress: bool,
 }
 
-enum Wake {
-    Thread(Unparker),
-    Task(Waker),
-}
-
-impl Wake {
-    fn wake(self) {
-        match self {
-            Wake::Thread(u) => u.unpark(),
-            Wake::Task(w) => w.wake(),
-        }
-    }
-}
-
 struct State<T> {
     members: HashMap<T, Member>,
     queue: BTreeMap<u64, T>,
     next_seq: u64,
-    takers: BTreeMap<u64, Wake>,
+    takers: BTreeMap<u64, Wakeup>,
     next_taker: u64,
     closed: bool,
 }
@@ -147,7 +133,7 @@ impl<T: Hash + Eq> State<T> {
     }
 
     /// Unregisters up to `k` takers, oldest first, for waking after unlock.
-    fn notify(&mut self, k: usize, out: &mut Vec<Wake>) {
+    fn notify(&mut self, k: usize, out: &mut Vec<Wakeup>) {
         for _ in 0..k {
             match self.takers.pop_first() {
                 Some((_, w)) => out.push(w),
@@ -157,7 +143,7 @@ impl<T: Hash + Eq> State<T> {
     }
 
     /// After a take: if items are left, pass a wakeup on.
-    fn after_take(&mut self, out: &mut Vec<Wake>) {
+    fn after_take(&mut self, out: &mut Vec<Wakeup>) {
         if !self.queue.is_empty() {
             self.notify(1, out);
         }
@@ -170,7 +156,7 @@ impl<T: Hash + Eq> State<T> {
     }
 
     /// Puts failed items back under their own sequence numbers.
-    fn put_back(&mut self, items: Vec<T>, out: &mut Vec<Wake>) {
+    fn put_back(&mut self, items: Vec<T>, out: &mut Vec<Wakeup>) {
         let n = items.len();
         for item in items {
             match self.members.get_mut(&item) {
@@ -188,8 +174,8 @@ impl<T: Hash + Eq> State<T> {
     }
 }
 
-fn wake_all(wakes: Vec<Wake>) {
-    wakes.into_iter().for_each(Wake::wake);
+fn wake_all(wakes: Vec<Wakeup>) {
+    wakes.into_iter().for_each(Wakeup::wake);
 }
 
 impl<T> Clone for DistinctQueue<T> {
@@ -386,7 +372,7 @@ impl<T: Hash + Eq + Clone + Send + 'static> DistinctQueue<T> {
                 None => *id.insert(st.taker_id()),
             };
             if let Entry::Vacant(v) = st.takers.entry(my) {
-                v.insert(Wake::Thread(p.unparker().clone()));
+                v.insert(Wakeup::Thread(p.unparker().clone()));
             }
             drop(st);
             match deadline {
@@ -522,7 +508,7 @@ impl<T: Hash + Eq + Clone + Send + 'static> DistinctQueue<T> {
             st.closed = true;
             std::mem::take(&mut st.takers)
         };
-        wakes.into_values().for_each(Wake::wake);
+        wakes.into_values().for_each(Wakeup::wake);
     }
 
     /// A batch completed: its items stop being members (they may be added again).
@@ -710,7 +696,7 @@ impl<T: Hash + Eq + Clone + Send + 'static> Future for Take<T> {
             Some(id) => id,
             None => *this.id.insert(st.taker_id()),
         };
-        let old = st.takers.insert(id, Wake::Task(waker));
+        let old = st.takers.insert(id, Wakeup::Task(waker));
         drop(st);
         drop(old);
         Poll::Pending

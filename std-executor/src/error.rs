@@ -5,15 +5,29 @@ use std::fmt;
 
 /// Why a task did not produce a value.
 ///
+/// `TaskError` is `Send + Sync + 'static` and implements [`std::error::Error`], so `?` converts it
+/// into `Box<dyn Error + Send + Sync>`, `anyhow::Error` or `eyre::Report`. A panic's payload stays
+/// reachable through [`into_panic`](Self::into_panic) (as with tokio's `JoinError`), for example
+/// to resume the panic on the joining thread.
+///
 /// ```
 /// use keyserial::{Serializer, TaskError};
 /// let s: Serializer<u32> = Serializer::new();
 /// let h = s.submit(1, || panic!("boom")).unwrap();
-/// assert!(matches!(h.join(), Err(TaskError::Panicked(_))));
+/// let err = h.join().unwrap_err();
+/// assert!(matches!(err, TaskError::Panicked(_)));
+/// assert!(err.is_panic());
+/// assert_eq!(err.to_string(), "task panicked: boom");
+///
+/// fn app(s: &Serializer<u32>) -> Result<u32, Box<dyn std::error::Error + Send + Sync>> {
+///     Ok(s.submit(2, || 40 + 2).unwrap().join()?)
+/// }
+/// assert_eq!(app(&s).unwrap(), 42);
 /// ```
+#[derive(Debug)]
 pub enum TaskError {
     /// The task panicked; the payload is the panic's.
-    Panicked(Box<dyn Any + Send>),
+    Panicked(PanicPayload),
     /// The task was never run: handed back by `shutdown_now` and then dropped.
     Cancelled,
     /// A `submit_latest` task replaced by a newer `submit_latest` of the same key before it started.
@@ -21,7 +35,69 @@ pub enum TaskError {
 }
 
 impl TaskError {
-    /// The panic message, if the task panicked with a string payload.
+    /// `true` if the task panicked.
+    ///
+    /// ```
+    /// use keyserial::Serializer;
+    /// let s: Serializer<u32> = Serializer::new();
+    /// assert!(s.submit(1, || panic!("boom")).unwrap().join().unwrap_err().is_panic());
+    /// ```
+    pub fn is_panic(&self) -> bool {
+        matches!(self, TaskError::Panicked(_))
+    }
+
+    /// `true` if the task was cancelled (handed back by `shutdown_now`, then dropped).
+    ///
+    /// ```
+    /// assert!(keyserial::TaskError::Cancelled.is_cancelled());
+    /// ```
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self, TaskError::Cancelled)
+    }
+
+    /// `true` if a newer `submit_latest` of the same key replaced the task before it started.
+    ///
+    /// ```
+    /// assert!(keyserial::TaskError::Superseded.is_superseded());
+    /// ```
+    pub fn is_superseded(&self) -> bool {
+        matches!(self, TaskError::Superseded)
+    }
+
+    /// The panic's payload, to inspect it or to resume the panic with
+    /// [`std::panic::resume_unwind`].
+    ///
+    /// # Panics
+    /// If the task did not panic (see [`try_into_panic`](Self::try_into_panic)).
+    ///
+    /// ```
+    /// use keyserial::Serializer;
+    /// let s: Serializer<u32> = Serializer::new();
+    /// let err = s.submit(1, || std::panic::panic_any(7u8)).unwrap().join().unwrap_err();
+    /// assert_eq!(*err.into_panic().downcast::<u8>().unwrap(), 7);
+    /// ```
+    #[track_caller]
+    pub fn into_panic(self) -> Box<dyn Any + Send + 'static> {
+        match self.try_into_panic() {
+            Ok(payload) => payload,
+            Err(e) => panic!("`TaskError::into_panic` on a task that did not panic: {e}"),
+        }
+    }
+
+    /// The panic's payload, or the error itself if the task did not panic.
+    ///
+    /// ```
+    /// use keyserial::TaskError;
+    /// assert!(matches!(TaskError::Cancelled.try_into_panic(), Err(TaskError::Cancelled)));
+    /// ```
+    pub fn try_into_panic(self) -> Result<Box<dyn Any + Send + 'static>, TaskError> {
+        match self {
+            TaskError::Panicked(p) => Ok(p.into_panic()),
+            other => Err(other),
+        }
+    }
+
+    /// The panic message, if the task panicked with a string payload (`panic!("...")`).
     ///
     /// ```
     /// use keyserial::Serializer;
@@ -31,24 +107,8 @@ impl TaskError {
     /// ```
     pub fn panic_message(&self) -> Option<&str> {
         match self {
-            TaskError::Panicked(p) => p
-                .downcast_ref::<&'static str>()
-                .copied()
-                .or_else(|| p.downcast_ref::<String>().map(String::as_str)),
+            TaskError::Panicked(p) => p.message(),
             _ => None,
-        }
-    }
-}
-
-impl fmt::Debug for TaskError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TaskError::Panicked(_) => match self.panic_message() {
-                Some(m) => write!(f, "Panicked({m:?})"),
-                None => f.write_str("Panicked(..)"),
-            },
-            TaskError::Cancelled => f.write_str("Cancelled"),
-            TaskError::Superseded => f.write_str("Superseded"),
         }
     }
 }
@@ -56,7 +116,7 @@ impl fmt::Debug for TaskError {
 impl fmt::Display for TaskError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            TaskError::Panicked(_) => match self.panic_message() {
+            TaskError::Panicked(p) => match p.message() {
                 Some(m) => write!(f, "task panicked: {m}"),
                 None => f.write_str("task panicked"),
             },
@@ -67,6 +127,114 @@ impl fmt::Display for TaskError {
 }
 
 impl std::error::Error for TaskError {}
+
+/// The payload of a task's panic, held so that [`TaskError`] is `Send + Sync`.
+///
+/// A panic payload is a `Box<dyn Any + Send>`, which is not `Sync`. `PanicPayload` keeps the
+/// common string payloads (`panic!("...")`) readable through `&self` ([`message`](Self::message))
+/// and gives any other payload back only by value ([`into_panic`](Self::into_panic)), never
+/// through a shared reference: that is what makes sharing it between threads sound.
+///
+/// ```
+/// use keyserial::{Serializer, TaskError};
+/// let s: Serializer<u32> = Serializer::new();
+/// match s.submit(1, || panic!("disk full")).unwrap().join() {
+///     Err(TaskError::Panicked(p)) => {
+///         assert_eq!(p.message(), Some("disk full"));
+///         let payload = p.into_panic(); // e.g. for std::panic::resume_unwind
+///         assert_eq!(*payload.downcast::<&str>().unwrap(), "disk full");
+///     }
+///     _ => unreachable!(),
+/// }
+/// ```
+pub struct PanicPayload(Payload);
+
+enum Payload {
+    /// `panic!("literal")`.
+    Static(&'static str),
+    /// `panic!("formatted {}", x)`.
+    Owned(String),
+    /// Anything else (`panic_any`).
+    Other(ByValue<Box<dyn Any + Send + 'static>>),
+}
+
+/// A value reachable only by value, never through `&self`: shared references to it give no
+/// access to the value, so it is `Sync` whenever it is `Send` (the idea of `std::sync::Exclusive`).
+struct ByValue<T>(T);
+
+// SAFETY: `ByValue` has no method that takes `&self`; its value can only be moved out of an owned
+// `ByValue` (`PanicPayload::into_panic`). A `&ByValue<T>` shared between threads therefore lets no
+// thread read or write the `T`, so no `Sync` requirement on `T` is needed; moving it between
+// threads needs `T: Send`, which the bound keeps.
+unsafe impl<T: Send> Sync for ByValue<T> {}
+
+impl PanicPayload {
+    pub(crate) fn new(payload: Box<dyn Any + Send + 'static>) -> Self {
+        let payload = match payload.downcast::<&'static str>() {
+            Ok(s) => Payload::Static(*s),
+            Err(payload) => match payload.downcast::<String>() {
+                Ok(s) => Payload::Owned(*s),
+                Err(payload) => Payload::Other(ByValue(payload)),
+            },
+        };
+        PanicPayload(payload)
+    }
+
+    /// The panic message, if the payload is a string (`&'static str` or `String`, as
+    /// `panic!` makes).
+    ///
+    /// ```
+    /// use keyserial::{Serializer, TaskError};
+    /// let s: Serializer<u32> = Serializer::new();
+    /// let Err(TaskError::Panicked(p)) = s.submit(1, || panic!("no {}", 42)).unwrap().join() else {
+    ///     unreachable!()
+    /// };
+    /// assert_eq!(p.message(), Some("no 42"));
+    /// ```
+    pub fn message(&self) -> Option<&str> {
+        match &self.0 {
+            Payload::Static(s) => Some(s),
+            Payload::Owned(s) => Some(s),
+            Payload::Other(_) => None,
+        }
+    }
+
+    /// The payload as the panic made it, e.g. to resume the panic with
+    /// [`std::panic::resume_unwind`] or to downcast it.
+    ///
+    /// ```
+    /// use keyserial::{Serializer, TaskError};
+    /// #[derive(Debug, PartialEq)]
+    /// struct Fatal(u32);
+    /// let s: Serializer<u32> = Serializer::new();
+    /// let h = s.submit(1, || std::panic::panic_any(Fatal(3))).unwrap();
+    /// let Err(TaskError::Panicked(p)) = h.join() else { unreachable!() };
+    /// assert_eq!(p.message(), None);
+    /// assert_eq!(*p.into_panic().downcast::<Fatal>().unwrap(), Fatal(3));
+    /// ```
+    pub fn into_panic(self) -> Box<dyn Any + Send + 'static> {
+        match self.0 {
+            Payload::Static(s) => Box::new(s),
+            Payload::Owned(s) => Box::new(s),
+            Payload::Other(ByValue(p)) => p,
+        }
+    }
+}
+
+impl fmt::Debug for PanicPayload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.message() {
+            Some(m) => f.debug_tuple("PanicPayload").field(&m).finish(),
+            None => f.write_str("PanicPayload(..)"),
+        }
+    }
+}
+
+impl fmt::Display for PanicPayload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message().unwrap_or("a non-string panic payload"))
+    }
+}
 
 /// Why a submission was refused.
 ///
@@ -148,17 +316,95 @@ impl<F> fmt::Display for Rejected<F> {
 
 impl<F> std::error::Error for Rejected<F> {}
 
-/// An invalid [`Builder`](crate::Builder) setting.
+/// Why [`Builder::build`](crate::Builder::build) failed: an invalid setting, or the operating
+/// system refused to start a thread. Match on [`kind`](Self::kind); the message
+/// ([`Display`](fmt::Display)) says the same in words.
 ///
 /// ```
-/// use keyserial::Builder;
+/// use keyserial::{BuildErrorKind, Builder};
 /// let err = Builder::<u32>::new().workers(0).build().unwrap_err();
-/// assert!(err.to_string().contains("workers"));
+/// assert_eq!(err.kind(), BuildErrorKind::ZeroWorkers);
+/// assert!(err.to_string().contains("workers must be at least 1"));
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct BuildError {
-    pub(crate) message: String,
+    kind: BuildErrorKind,
+    message: String,
+    source: Option<std::sync::Arc<std::io::Error>>,
 }
+
+/// The cause of a [`BuildError`]. New causes may be added (`#[non_exhaustive]`).
+///
+/// ```
+/// use keyserial::{BuildErrorKind, Builder};
+/// let err = Builder::<u32>::new().workers(4).max_workers(2).build().unwrap_err();
+/// match err.kind() {
+///     BuildErrorKind::MaxWorkersBelowWorkers => {} // raise max_workers
+///     other => panic!("unexpected {other:?}"),
+/// }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BuildErrorKind {
+    /// `workers(0)`: at least one worker is needed.
+    ZeroWorkers,
+    /// `max_workers` below `workers`.
+    MaxWorkersBelowWorkers,
+    /// `max_workers` (or `workers`) above the supported 4,096 threads.
+    TooManyWorkers,
+    /// `fairness_budget(0)`: a worker must run at least one task of a key per turn.
+    ZeroFairnessBudget,
+    /// `capacity(0)`: at least one task must fit.
+    ZeroCapacity,
+    /// The operating system refused to start a worker thread; [`source`](std::error::Error::source)
+    /// is the `io::Error`.
+    ThreadSpawn,
+}
+
+impl BuildError {
+    pub(crate) fn invalid(kind: BuildErrorKind) -> Self {
+        let message = match kind {
+            BuildErrorKind::ZeroWorkers => "workers must be at least 1",
+            BuildErrorKind::MaxWorkersBelowWorkers => "max_workers must be at least workers",
+            BuildErrorKind::TooManyWorkers => "max_workers must be at most 4096",
+            BuildErrorKind::ZeroFairnessBudget => "fairness_budget must be at least 1",
+            BuildErrorKind::ZeroCapacity => "capacity must be at least 1",
+            BuildErrorKind::ThreadSpawn => "could not start worker threads",
+        };
+        BuildError {
+            kind,
+            message: message.to_string(),
+            source: None,
+        }
+    }
+
+    pub(crate) fn spawn(e: std::io::Error) -> Self {
+        BuildError {
+            kind: BuildErrorKind::ThreadSpawn,
+            message: format!("could not start worker threads: {e}"),
+            source: Some(std::sync::Arc::new(e)),
+        }
+    }
+
+    /// What was wrong.
+    ///
+    /// ```
+    /// use keyserial::{BuildErrorKind, Builder};
+    /// let err = Builder::<u32>::new().capacity(0).build().unwrap_err();
+    /// assert_eq!(err.kind(), BuildErrorKind::ZeroCapacity);
+    /// ```
+    pub fn kind(&self) -> BuildErrorKind {
+        self.kind
+    }
+}
+
+impl PartialEq for BuildError {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind && self.message == other.message
+    }
+}
+
+impl Eq for BuildError {}
 
 impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -166,4 +412,10 @@ impl fmt::Display for BuildError {
     }
 }
 
-impl std::error::Error for BuildError {}
+impl std::error::Error for BuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}

@@ -16,6 +16,28 @@ pub(crate) struct JoinState<T> {
     done: AtomicBool,
     slot: Mutex<Slot<T>>,
     cond: Condvar,
+    /// Debug builds: the serializer and key the task was submitted to, so that `join` can catch
+    /// a task that waits for a later task of its own key (`None`: unkeyed, or not checkable).
+    #[cfg(debug_assertions)]
+    origin: OriginCheck,
+}
+
+/// What a handle keeps for the self-wait check: the task's [`Origin`] in debug builds, nothing
+/// in release builds.
+#[cfg(debug_assertions)]
+pub(crate) type OriginCheck = Option<Box<dyn Origin>>;
+/// What a handle keeps for the self-wait check: the task's [`Origin`] in debug builds, nothing
+/// in release builds.
+#[cfg(not(debug_assertions))]
+pub(crate) type OriginCheck = ();
+
+/// Where a task was submitted, as far as [`TaskHandle::join`]'s self-wait check needs to know.
+#[cfg(debug_assertions)]
+pub(crate) trait Origin: Send + Sync {
+    /// `true` if the calling thread is, right now, one of the serializer's workers inside a task
+    /// of the same key (so a task of that key that has not finished is queued behind that task,
+    /// or is that task).
+    fn running_same_key_here(&self) -> bool;
 }
 
 struct Slot<T> {
@@ -24,7 +46,10 @@ struct Slot<T> {
 }
 
 impl<T> JoinState<T> {
-    pub(crate) fn new() -> Arc<Self> {
+    /// A state for a task submitted from `origin` (checked in debug builds only).
+    pub(crate) fn new(origin: OriginCheck) -> Arc<Self> {
+        #[cfg(not(debug_assertions))]
+        let () = origin;
         Arc::new(JoinState {
             done: AtomicBool::new(false),
             slot: Mutex::new(Slot {
@@ -32,6 +57,8 @@ impl<T> JoinState<T> {
                 waker: None,
             }),
             cond: Condvar::new(),
+            #[cfg(debug_assertions)]
+            origin,
         })
     }
 
@@ -74,12 +101,28 @@ impl<T> TaskHandle<T> {
 
     /// Blocks until the task has finished and returns its value, or why there is none.
     ///
+    /// Never join, from inside a task, a task of the **same key** submitted after it (or the
+    /// task itself): it is queued behind the joining task and cannot start before that one
+    /// returns, so the join never finishes. Debug builds catch this with a `debug_assert!`
+    /// (for every kind of submission except `submit_latest`, whose handles can also resolve by
+    /// being superseded). Joining tasks of other keys from inside a task is allowed, but holds a
+    /// worker thread while it waits.
+    ///
     /// ```
     /// use keyserial::{Serializer, TaskError};
     /// let s: Serializer<u8> = Serializer::new();
     /// assert_eq!(s.submit(1, || "done").unwrap().join().unwrap(), "done");
     /// ```
     pub fn join(self) -> Result<T, TaskError> {
+        #[cfg(debug_assertions)]
+        if let Some(origin) = &self.state.origin {
+            debug_assert!(
+                self.is_finished() || !origin.running_same_key_here(),
+                "keyserial: TaskHandle::join called from inside a task on a task of the same key \
+                 that has not run yet (or on the running task itself): it is queued behind the \
+                 caller and this join would never return"
+            );
+        }
         let mut slot = lock(&self.state.slot);
         loop {
             if let Some(r) = slot.result.take() {

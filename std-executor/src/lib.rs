@@ -25,14 +25,132 @@
 //! assert_eq!(answer.join().unwrap(), 42);
 //! ```
 //!
-//! Also here: [`Semaphore`] (fair FIFO, all-or-nothing multi-permit acquire, also gating tasks
-//! through [`Serializer::submit_with_permits`]) and [`DistinctQueue`] (a job queue without
-//! duplicates, where failed work goes back).
+//! # The ordering promise, and the two ways to break it
+//!
+//! Tasks of one key run one at a time, in the order their submissions returned `Ok`; a task of a
+//! key starts only after the key's previous task has **returned**. Two things defeat this:
+//!
+//! ## ⚠ A closure that returns a future is not an async task
+//!
+//! `submit(key, || async { ... })` compiles, and **silently breaks per-key order**: the task is
+//! the closure, and the closure only *creates* the future. The task returns at once (its handle
+//! yields the unstarted future), the key moves on to its next task, and the future's body runs
+//! later, wherever and whenever it is awaited, in no particular order with the key's other work.
+//!
+//! ```
+//! use keyserial::Serializer;
+//! let s: Serializer<u32> = Serializer::new();
+//! // WRONG: the handle's value is an unstarted future; nothing of its body ran in key 1's order.
+//! let fut = s.submit(1, || async { "body" }).unwrap().join().unwrap();
+//! # drop(fut);
+//! ```
+//!
+//! Until futures are tasks of their own (planned: a future that waits holds no worker), run the
+//! future to completion *inside* the task with a `block_on` (`futures::executor::block_on`,
+//! `pollster::block_on`, or `tokio::runtime::Handle::block_on` from a handle captured outside).
+//! Order is kept, at a cost: **the task holds its worker thread for as long as the future
+//! waits**, exactly like a blocking call. Give the serializer spare threads
+//! ([`Builder::max_workers`]) if many keys wait at once.
+//!
+//! ```
+//! # use std::future::Future;
+//! # use std::sync::Arc;
+//! # use std::task::{Context, Poll, Wake, Waker};
+//! # /// A minimal `block_on` (use `futures::executor::block_on` or `pollster` in real code).
+//! # fn block_on<F: Future>(fut: F) -> F::Output {
+//! #     struct Unpark(std::thread::Thread);
+//! #     impl Wake for Unpark {
+//! #         fn wake(self: Arc<Self>) { self.0.unpark() }
+//! #     }
+//! #     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+//! #     let mut fut = std::pin::pin!(fut);
+//! #     loop {
+//! #         match fut.as_mut().poll(&mut Context::from_waker(&waker)) {
+//! #             Poll::Ready(v) => return v,
+//! #             Poll::Pending => std::thread::park(),
+//! #         }
+//! #     }
+//! # }
+//! use keyserial::Serializer;
+//! let s: Serializer<u32> = Serializer::new();
+//! // RIGHT: the whole future runs inside the task, in key 1's order (holding a worker meanwhile).
+//! let h = s.submit(1, || block_on(async { "body ran in order" })).unwrap();
+//! assert_eq!(h.join().unwrap(), "body ran in order");
+//! ```
+//!
+//! ## ⚠ A task must never wait for a later task of its own key
+//!
+//! A task that blocks on a task of the same key submitted after it (joining its handle, waiting on
+//! a channel it fills, a barrier they share) **never finishes**: the later task cannot start
+//! before the waiting one returns, and the key is stuck for good. In debug builds,
+//! [`TaskHandle::join`] on such a handle from inside the key's task panics (a `debug_assert!`)
+//! instead of hanging. Waiting for *other* keys' tasks is allowed, but holds a worker thread.
+//!
+//! # Sharing a serializer
+//!
+//! A `Serializer` is `Send + Sync`: share it by reference, or own it jointly with an [`Arc`]
+//! (also to submit from inside its own tasks, which never blocks). It shuts down when dropped
+//! (see [Dropping](Serializer#dropping)), so the last owner decides when.
+//!
+//! Scoped threads borrow it, no `Arc` needed:
+//!
+//! ```
+//! use keyserial::Serializer;
+//! let s: Serializer<u32> = Serializer::new();
+//! std::thread::scope(|scope| {
+//!     for producer in 0..4u32 {
+//!         let s = &s;
+//!         scope.spawn(move || {
+//!             for i in 0..100 {
+//!                 s.execute(producer, move || { let _ = i; }).unwrap();
+//!             }
+//!         });
+//!     }
+//! });
+//! s.shutdown();
+//! assert!(s.await_termination(std::time::Duration::from_secs(10)));
+//! assert_eq!(s.stats().completed, 400);
+//! ```
+//!
+//! With an `Arc`, threads and tasks own it together (here a task submits follow-up work):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use keyserial::Serializer;
+//! let s: Arc<Serializer<String>> = Arc::new(Serializer::new());
+//! let handles: Vec<_> = (0..4)
+//!     .map(|t| {
+//!         let s = Arc::clone(&s);
+//!         std::thread::spawn(move || {
+//!             let inner = Arc::clone(&s);
+//!             s.submit(format!("user-{t}"), move || {
+//!                 // follow-up work for another key, from inside a task: never blocks
+//!                 inner.execute("audit".to_string(), move || { let _ = t; }).unwrap();
+//!                 t
+//!             })
+//!             .unwrap()
+//!             .join()
+//!             .unwrap()
+//!         })
+//!     })
+//!     .collect();
+//! let sum: i32 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+//! assert_eq!(sum, 6);
+//! ```
+//!
+//! # Also here
+//!
+//! [`Semaphore`] (fair FIFO, all-or-nothing multi-permit acquire, also gating tasks through
+//! [`Serializer::submit_with_permits`]) and [`DistinctQueue`] (a job queue without duplicates,
+//! where failed work goes back).
+//!
+//! [`Arc`]: std::sync::Arc
 #![cfg_attr(not(loom), deny(missing_docs))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod builder;
 mod capacity;
+mod distinct;
 mod error;
 mod gate;
 mod handle;
@@ -41,6 +159,7 @@ mod nodes;
 mod permit_wait;
 mod permits;
 mod phase;
+mod semaphore;
 mod serializer;
 mod shared;
 mod sleep;
@@ -50,12 +169,9 @@ mod sync;
 mod task;
 mod worker;
 
-pub mod distinct;
-pub mod semaphore;
-
 pub use builder::Builder;
 pub use distinct::{Batch, DistinctQueue, Take};
-pub use error::{BuildError, RejectReason, Rejected, TaskError};
+pub use error::{BuildError, BuildErrorKind, PanicPayload, RejectReason, Rejected, TaskError};
 pub use handle::TaskHandle;
 pub use semaphore::{Acquire, AcquireError, Permit, Semaphore};
 pub use serializer::{PendingTask, Serializer};
@@ -70,6 +186,7 @@ pub mod loom_api {
     pub use crate::idle::{IdleWord, Reap};
     pub use crate::permit_wait::{Handoff, PermitWait, WaitRegistry, Winner};
     pub use crate::phase::{AfterTask, Phase, Stopped};
+    pub use crate::semaphore::loom_hooks as semaphore;
     pub use crate::sleep::Sleep;
     pub use crate::sync::{Parker, Unparker};
 }

@@ -89,6 +89,13 @@ impl Phase {
             .is_ok()
     }
 
+    /// `true` while the worker is inside a task (`RUNNING`, stolen or not). Meaningful to the
+    /// worker's own thread, which alone moves the word in and out of `RUNNING`.
+    #[cfg(debug_assertions)]
+    pub(crate) fn is_running(&self) -> bool {
+        self.0.load(Ordering::Relaxed) & MASK == RUNNING
+    }
+
     /// Worker: `RUNNING -> BUSY` after a task, keeping the flags.
     pub fn leave_running(&self) -> AfterTask {
         let mut cur = self.0.load(Ordering::Acquire);

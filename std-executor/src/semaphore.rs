@@ -90,9 +90,7 @@ use std::time::{Duration, Instant};
 
 use keyserial_core::permits::{PermitCounter, SlowAcquire, TryAcquireError};
 
-use crate::sync::{
-    lock, Arc, AtomicU8, AtomicUsize, Mutex, MutexGuard, Ordering, Parker, Unparker,
-};
+use crate::sync::{lock, Arc, AtomicU8, AtomicUsize, Mutex, MutexGuard, Ordering, Parker, Wakeup};
 
 /// Waiter status: still queued (or being queued).
 const WAITING: u8 = 0;
@@ -149,7 +147,7 @@ impl std::error::Error for AcquireError {}
 /// Clones share one semaphore. The number of permits given to [`new`](Self::new) is also its
 /// **capacity**: a request for more is [`AcquireError::TooMany`] at once (it could never be
 /// granted); [`add_permits`](Self::add_permits) raises both, [`Permit::forget`] lowers the
-/// capacity (see [Forgotten permits](self#forgotten-permits)).
+/// capacity for good (queued requests that no longer fit then fail with `TooMany`).
 ///
 /// ```
 /// use keyserial::Semaphore;
@@ -198,19 +196,14 @@ type Callback = Box<dyn FnOnce(Result<Permit, AcquireError>) + Send>;
 
 enum Notify {
     /// A thread or a future polls `status` and is woken through `wake`.
-    Signal { status: Arc<AtomicU8>, wake: Wake },
+    Signal { status: Arc<AtomicU8>, wake: Wakeup },
     /// `acquire_with`: called with the outcome.
     Callback(Callback),
 }
 
-enum Wake {
-    Thread(Unparker),
-    Task(Waker),
-}
-
 /// Work to do once the queue lock is released.
 enum Deferred {
-    Wake(Wake),
+    Wake(Wakeup),
     Call(Callback, Result<Permit, AcquireError>),
     Drop(Callback),
     DropWaker(Waker),
@@ -219,8 +212,7 @@ enum Deferred {
 impl Deferred {
     fn run(self) {
         match self {
-            Deferred::Wake(Wake::Thread(u)) => u.unpark(),
-            Deferred::Wake(Wake::Task(w)) => w.wake(),
+            Deferred::Wake(w) => w.wake(),
             Deferred::Call(f, outcome) => f(outcome),
             Deferred::Drop(f) => drop(f),
             Deferred::DropWaker(w) => drop(w),
@@ -697,7 +689,7 @@ impl Semaphore {
         }
         let parker = Parker::new();
         let status = Arc::new(AtomicU8::new(WAITING));
-        let wake = Wake::Thread(parker.unparker().clone());
+        let wake = Wakeup::Thread(parker.unparker().clone());
         let id = match self.slow_path(n) {
             Slow::Done(r) => return r,
             Slow::Wait(mut q, assigned) => push_waiter(
@@ -758,7 +750,7 @@ impl Semaphore {
                     match w.notify {
                         Notify::Callback(f) => out.push(Deferred::Drop(f)),
                         Notify::Signal {
-                            wake: Wake::Task(waker),
+                            wake: Wakeup::Task(waker),
                             ..
                         } => out.push(Deferred::DropWaker(waker)),
                         Notify::Signal { .. } => (),
@@ -1024,7 +1016,7 @@ impl Future for Acquire {
                             assigned,
                             Notify::Signal {
                                 status: status.clone(),
-                                wake: Wake::Task(waker),
+                                wake: Wakeup::Task(waker),
                             },
                         );
                         drop(q);
@@ -1046,7 +1038,7 @@ impl Future for Acquire {
                         Some(Waiter {
                             notify:
                                 Notify::Signal {
-                                    wake: Wake::Task(w),
+                                    wake: Wakeup::Task(w),
                                     ..
                                 },
                             ..

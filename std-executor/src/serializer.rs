@@ -3,6 +3,7 @@
 use std::fmt;
 use std::hash::Hash;
 use std::ptr::NonNull;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,7 @@ use crossbeam_deque::Worker;
 use keyserial_core::chain::{Pushed, Retired};
 
 use crate::builder::Builder;
-use crate::handle::{JoinState, TaskHandle};
+use crate::handle::{JoinState, OriginCheck, TaskHandle};
 use crate::phase::Stopped;
 use crate::semaphore::Semaphore;
 use crate::shared::{Config, KeyEntry, KeyState, Runnable, Shared};
@@ -26,8 +27,28 @@ use crate::{RejectReason, Rejected, Stats};
 /// key. Any number of keys may be used; a key that goes quiet is released as soon as it drains,
 /// or after [`key_idle_timeout`](Builder::key_idle_timeout).
 ///
-/// Dropping the serializer shuts it down gracefully: queued tasks still run, and the threads are
-/// joined (unless the drop happens on one of its own workers, which then finish on their own).
+/// Two ways to lose that order or that progress (see the [crate docs](crate)): a closure that
+/// returns a future (`|| async { .. }`) only *creates* the future, whose body then runs out of
+/// order; and a task that waits for a later task of its own key never finishes. Share a
+/// serializer by reference (`std::thread::scope`) or through an `Arc`.
+///
+/// # Dropping
+///
+/// Dropping the serializer shuts it down gracefully, as [`shutdown`](Self::shutdown) does: queued
+/// tasks still run, and `drop` returns once every worker thread has exited and been joined. So
+/// it waits, without bound, for the tasks that are running and queued. Exceptions:
+///
+/// - after [`shutdown_now`](Self::shutdown_now), nothing queued is left to run; `drop` waits
+///   for the tasks still running, without bound, unless a bounded wait has already given up:
+/// - if `shutdown_now` was called and [`await_termination`](Self::await_termination) returned
+///   `false` after `shutdown` (or [`shutdown_timeout`](Self::shutdown_timeout) returned `false`,
+///   which includes both), `drop` joins the threads that have exited and **detaches** the rest
+///   without waiting: each finishes the task it is in (its handle resolves then), starts nothing
+///   more and exits;
+/// - dropped inside one of its own tasks, `drop` cannot wait for its own thread: it shuts down
+///   and returns, and the workers finish on their own.
+///
+/// To bound the wait, use `shutdown_timeout` before dropping.
 ///
 /// ```
 /// use std::sync::{Arc, Mutex};
@@ -49,6 +70,9 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
 {
     shared: Arc<Shared<K>>,
+    /// A bounded wait (`await_termination`, `shutdown_timeout`) gave up after shutdown; with
+    /// `shutdown_now` called too, `Drop` detaches the threads still inside a task.
+    gave_up: AtomicBool,
 }
 
 impl<K> fmt::Debug for Serializer<K>
@@ -138,7 +162,10 @@ where
             .map(|(deque, parker)| Owned { deque, parker })
             .collect();
         let shared = Arc::new(Shared::new(config, b.capacity, unparkers, owned));
-        let serializer = Serializer { shared };
+        let serializer = Serializer {
+            shared,
+            gave_up: AtomicBool::new(false),
+        };
         for i in 0..workers {
             worker::spawn(&serializer.shared, i)?;
         }
@@ -345,8 +372,9 @@ where
         let mut slot = Some(task);
         let mut handle = None;
         let mut permits = permits;
+        let mut origin = Some(self.origin_of(key.as_ref(), kind));
         self.admit(key, kind, mode, permits.as_ref().map(|p| p.1), |k| {
-            let state = JoinState::new();
+            let state = JoinState::new(origin.take().unwrap_or_default());
             handle = Some(TaskHandle::new(state.clone()));
             let job = Joined {
                 f: slot.take().expect("built once"),
@@ -469,6 +497,24 @@ where
         Ok(())
     }
 
+    /// Debug builds: what a handle needs to catch a join on a later task of the caller's own
+    /// key ([`TaskHandle::join`]). Not for `submit_latest` tasks, which can also resolve by being
+    /// superseded while the caller waits.
+    #[cfg(debug_assertions)]
+    fn origin_of(&self, key: Option<&K>, kind: Kind) -> OriginCheck {
+        let key = key.filter(|_| kind != Kind::Latest)?.clone();
+        Some(Box::new(KeyOrigin {
+            id: self.shared.id,
+            shared: Arc::downgrade(&self.shared),
+            key,
+        }))
+    }
+
+    /// Release builds keep nothing for the check.
+    #[cfg(not(debug_assertions))]
+    #[inline(always)]
+    fn origin_of(&self, _key: Option<&K>, _kind: Kind) -> OriginCheck {}
+
     fn entry_for<'g>(&'g self, key: &K, guard: &'g crossbeam_epoch::Guard) -> &'g KeyEntry<K> {
         self.shared
             .table
@@ -571,7 +617,12 @@ where
     }
 
     /// Waits until the serializer has terminated (shut down and every worker exited) or
-    /// `timeout` passes; returns whether it terminated.
+    /// `timeout` passes; returns whether it terminated. A timeout too large to add to the current
+    /// time (`Duration::MAX`) means no timeout.
+    ///
+    /// If it returns `false` after [`shutdown_now`](Self::shutdown_now) (called before or after
+    /// this wait), dropping the serializer no longer waits for the threads still inside a task
+    /// (see [Dropping](Self#dropping)).
     ///
     /// ```
     /// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
@@ -581,19 +632,75 @@ where
     /// assert!(s.is_terminated());
     /// ```
     pub fn await_termination(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let done = self.wait_terminated(Instant::now().checked_add(timeout));
+        if !done && self.is_shutdown() {
+            self.gave_up.store(true, Ordering::Release);
+        }
+        done
+    }
+
+    /// Shuts down and waits at most `timeout` for termination (as tokio's
+    /// `Runtime::shutdown_timeout` does); returns whether everything finished in time.
+    ///
+    /// First as [`shutdown`](Self::shutdown): no new tasks, queued tasks still run. If every
+    /// queued task has run and every worker has exited within `timeout`, it returns `true`.
+    /// Otherwise, at the deadline it stops as [`shutdown_now`](Self::shutdown_now) does and
+    /// **cancels** the tasks that have not started: they are dropped unrun (their handles
+    /// resolve [`Cancelled`](crate::TaskError::Cancelled); an [`execute`](Self::execute) task is
+    /// simply lost), and it returns `false`. To get those tasks back instead, call `shutdown`,
+    /// `await_termination` and `shutdown_now` yourself.
+    ///
+    /// Worker threads still inside a task at the deadline are **detached**: nothing waits for
+    /// them, not this call and not the serializer's `Drop`. Each finishes the task it is in
+    /// (its handle resolves then, as usual), starts nothing more, and exits; the serializer's
+    /// shared state is freed when the last of them has exited. A task that never returns keeps
+    /// its thread forever, but nobody waits for it. A `timeout` too large to add to the current
+    /// time (`Duration::MAX`) means no timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyserial::{Builder, TaskError};
+    ///
+    /// let s = Builder::<&str>::new().workers(1).build().unwrap();
+    /// let (tx, rx) = std::sync::mpsc::channel::<()>();
+    /// let stuck = s.submit("a", move || { rx.recv().ok(); "finally" }).unwrap();
+    /// while s.stats().running == 0 { std::thread::yield_now(); }
+    /// let queued = s.submit("b", || "never").unwrap();
+    ///
+    /// assert!(!s.shutdown_timeout(Duration::from_millis(20)));
+    /// assert!(matches!(queued.join(), Err(TaskError::Cancelled)));
+    /// drop(s); // returns at once: the stuck thread is detached
+    /// tx.send(()).unwrap();
+    /// assert_eq!(stuck.join().unwrap(), "finally"); // it still finishes its task
+    /// ```
+    pub fn shutdown_timeout(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now().checked_add(timeout);
+        self.shutdown();
+        if self.wait_terminated(deadline) {
+            return true;
+        }
+        self.gave_up.store(true, Ordering::Release);
+        drop(self.shutdown_now());
+        false
+    }
+
+    /// Waits for termination until `deadline` (`None`: without bound).
+    fn wait_terminated(&self, deadline: Option<Instant>) -> bool {
+        let cond = &self.shared.terminated_cond;
         let mut t = lock(&self.shared.terminated);
         while !*t {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            t = self
-                .shared
-                .terminated_cond
-                .wait_timeout(t, deadline - now)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|e| e.into_inner().0);
+            t = match deadline {
+                None => cond.wait(t).unwrap_or_else(|e| e.into_inner()),
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return false;
+                    }
+                    cond.wait_timeout(t, deadline - now)
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|e| e.into_inner().0)
+                }
+            };
         }
         true
     }
@@ -655,10 +762,18 @@ impl<K> Drop for Serializer<K>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
 {
+    /// See [Dropping](Serializer#dropping).
     fn drop(&mut self) {
         self.shutdown();
         if worker::on_worker_of(self.shared.id) {
             return; // dropped inside one of our own tasks: the workers finish on their own
+        }
+        // After shutdown_now and a bounded wait that gave up, nothing queued is left: the threads
+        // still alive are inside a task. Detach them rather than wait without bound.
+        let detach =
+            self.gave_up.load(Ordering::Acquire) && self.shared.stop.load(Ordering::Acquire);
+        if detach {
+            crate::supervisor::stop(&self.shared);
         }
         loop {
             let handles: Vec<_> = lock(&self.shared.threads).drain(..).collect();
@@ -666,10 +781,61 @@ where
                 break;
             }
             for h in handles {
-                let _ = h.join();
+                if detach && !h.is_finished() {
+                    drop(h); // detached: it exits once its task returns
+                } else {
+                    let _ = h.join();
+                }
             }
         }
         crate::supervisor::stop(&self.shared);
+    }
+}
+
+/// Debug builds: the serializer and key of a handle's task (see [`crate::handle::Origin`]).
+#[cfg(debug_assertions)]
+struct KeyOrigin<K> {
+    id: usize,
+    shared: std::sync::Weak<Shared<K>>,
+    key: K,
+}
+
+#[cfg(debug_assertions)]
+impl<K> crate::handle::Origin for KeyOrigin<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn running_same_key_here(&self) -> bool {
+        // Cheap exits first: most joins happen outside the serializer's workers.
+        if !worker::on_worker_of(self.id) {
+            return false;
+        }
+        let Some(sh) = self.shared.upgrade() else {
+            return false;
+        };
+        let Some((slot, _)) = worker::current_worker::<K>(sh.id) else {
+            return false;
+        };
+        // After shutdown_now a queued task may be handed back and run elsewhere: no verdict.
+        if sh.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        let slot = &sh.slots[slot];
+        // Only this thread moves its slot in and out of RUNNING and sets `current` before each
+        // task: RUNNING here means we are inside a task of the chain at `current`.
+        if !slot.phase.is_running() {
+            return false;
+        }
+        let Some(entry) = NonNull::new(slot.current.load(Ordering::Relaxed) as *mut KeyEntry<K>)
+        else {
+            return false; // an unkeyed task
+        };
+        // SAFETY: this thread's worker is inside a task of this entry's chain (RUNNING, set by
+        // this very thread), so the chain is active and the entry not retired; even if
+        // `shutdown_now` stole the chain meanwhile, an active chain's entry is freed only with
+        // the table, which `sh` keeps alive.
+        let same = unsafe { entry.as_ref() }.key() == &self.key;
+        same && !sh.stop.load(Ordering::Acquire)
     }
 }
 

@@ -93,6 +93,26 @@ pub mod loom_parker {
     }
 }
 
+/// How to wake a waiter of the semaphore or the distinct queue once its turn came: a parked
+/// thread or a pending future's task. Callers take it out of their queue under their lock and call
+/// [`wake`](Self::wake) after unlocking.
+pub(crate) enum Wakeup {
+    /// A thread parked on the matching `Parker`.
+    Thread(Unparker),
+    /// An async task.
+    Task(std::task::Waker),
+}
+
+impl Wakeup {
+    /// Wakes the waiter.
+    pub(crate) fn wake(self) {
+        match self {
+            Wakeup::Thread(u) => u.unpark(),
+            Wakeup::Task(w) => w.wake(),
+        }
+    }
+}
+
 /// One step of a wait loop: crossbeam's exponential backoff normally, a yield to the model's
 /// scheduler under loom (a loom thread that spins without yielding never lets the others run).
 pub(crate) fn snooze(backoff: &crossbeam_utils::Backoff) {

@@ -21,7 +21,7 @@ use crate::handle::JoinState;
 use crate::nodes;
 use crate::semaphore::{Permit, Semaphore};
 use crate::sync::Arc;
-use crate::TaskError;
+use crate::{PanicPayload, TaskError};
 
 /// What kind of submission made the node; the drainer treats each kind differently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,7 +97,7 @@ where
                 false
             }
             Err(payload) => {
-                state.complete(Err(TaskError::Panicked(payload)));
+                state.complete(Err(TaskError::Panicked(PanicPayload::new(payload))));
                 true
             }
         }

@@ -244,7 +244,7 @@ fn run_storm(cfg: Storm) {
         for (h, seq, panics) in r.handles {
             match h.join() {
                 Ok(v) => assert!(!panics && v == seq),
-                Err(TaskError::Panicked(p)) => assert!(panics && p.is::<Boom>()),
+                Err(TaskError::Panicked(p)) => assert!(panics && p.into_panic().is::<Boom>()),
                 Err(e) => panic!("handle of task {seq}: {e:?}"),
             }
         }
@@ -492,7 +492,9 @@ fn shutdown_now_races_a_storm() {
                     ran && !panics && v == seq,
                     "round {round} key {key}: Ok({v})"
                 ),
-                Err(TaskError::Panicked(p)) => assert!(ran && panics && p.is::<Boom>()),
+                Err(TaskError::Panicked(p)) => {
+                    assert!(ran && panics && p.into_panic().is::<Boom>())
+                }
                 Err(TaskError::Cancelled) => assert!(!ran, "round {round}: Cancelled but ran"),
                 Err(e) => panic!("round {round}: unexpected {e:?}"),
             }
