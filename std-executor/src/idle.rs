@@ -169,6 +169,40 @@ pub(crate) fn released<K>(
     }
 }
 
+/// `shutdown_now` drained `entry`'s chain (its tasks were handed back): release the chain and,
+/// unless a worker's idle queue holds the key's item (that worker retires it when it exits),
+/// retire and free the key now, so handed-back keys do not stay live until the drop.
+///
+/// # Safety
+/// The caller owns `entry`'s chain (holds its baton), the chain is empty, and `entry` is an
+/// entry of `shared.table`.
+pub(crate) unsafe fn release_drained<K>(shared: &Shared<K>, entry_ptr: NonNull<KeyEntry<K>>)
+where
+    K: std::hash::Hash + Eq + Send + Sync + 'static,
+{
+    // Pinned before the release: from then on others may retire the entry.
+    let guard = crossbeam_epoch::pin();
+    // SAFETY: we own the chain (the caller's contract), so the entry is alive.
+    let entry = unsafe { entry_ptr.as_ref() };
+    // SAFETY: we own the chain.
+    if !unsafe { entry.value().chain.try_release() } {
+        return; // not empty after all: it stays live and is freed with the table
+    }
+    let now = shared.now_ms();
+    if entry.value().idle.released(now) {
+        // We set QUEUED: we hold the key's one idle item, so we may retire it (as its reaper).
+        let mut garbage = Vec::new();
+        // SAFETY: the entry is our table's; `reap` answers `Retired` only when its `try_retire`
+        // made the idle-to-retired transition.
+        unsafe {
+            retire_unlink(shared, entry, &guard, &mut garbage, |ks| {
+                ks.idle.reap(&ks.chain, now, 0, true) == Reap::Retired
+            })
+        };
+        shared.table.defer_free(garbage, &guard);
+    }
+}
+
 /// Takes the oldest item and acts on it (`force`: whatever its deadline).
 fn reap_front<K>(
     shared: &Shared<K>,

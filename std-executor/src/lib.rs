@@ -155,6 +155,7 @@ mod error;
 mod gate;
 mod handle;
 mod idle;
+mod latest;
 mod nodes;
 mod permit_wait;
 mod permits;

@@ -12,11 +12,12 @@ use keyserial_core::chain::{Pushed, Retired};
 
 use crate::builder::Builder;
 use crate::handle::{JoinState, OriginCheck, TaskHandle};
+use crate::latest::Offer;
 use crate::phase::Stopped;
 use crate::semaphore::Semaphore;
 use crate::shared::{Config, KeyEntry, KeyState, Runnable, Shared};
 use crate::sync::{lock, Ordering, Parker};
-use crate::task::{Detached, Job, Joined, Kind, TaskRef};
+use crate::task::{Abandon, Detached, Job, Joined, Kind, TaskRef};
 use crate::worker::{self, drain_chain, Owned};
 use crate::{RejectReason, Rejected, Stats};
 
@@ -231,14 +232,11 @@ where
         F: FnOnce() + Send + 'static,
     {
         let mut slot = Some(task);
-        self.admit(Some(key), Kind::Plain, Mode::Block, None, |k| {
-            (
-                k,
-                TaskRef::new(
-                    Detached(slot.take().expect("built once")),
-                    Kind::Plain,
-                    None,
-                ),
+        self.admit(Some(key), Kind::Plain, Mode::Block, || {
+            TaskRef::new(
+                Detached(slot.take().expect("built once")),
+                Kind::Plain,
+                None,
             )
         })
         .map_err(|r| Rejected {
@@ -373,14 +371,14 @@ where
         let mut handle = None;
         let mut permits = permits;
         let mut origin = Some(self.origin_of(key.as_ref(), kind));
-        self.admit(key, kind, mode, permits.as_ref().map(|p| p.1), |k| {
+        self.admit(key, kind, mode, || {
             let state = JoinState::new(origin.take().unwrap_or_default());
             handle = Some(TaskHandle::new(state.clone()));
             let job = Joined {
                 f: slot.take().expect("built once"),
                 state,
             };
-            (k, TaskRef::new(job, kind, permits.take()))
+            TaskRef::new(job, kind, permits.take())
         })
         .map(|()| handle.take().expect("handle made with the task"))
         .map_err(|r| Rejected {
@@ -401,17 +399,16 @@ where
         key: Option<K>,
         kind: Kind,
         mode: Mode,
-        _permits: Option<usize>,
-        build: impl FnOnce(Option<K>) -> (Option<K>, TaskRef),
+        build: impl FnOnce() -> TaskRef,
     ) -> Result<(), Refused> {
         let sh = &*self.shared;
         let on_worker = worker::current_worker::<K>(sh.id);
-        let refuse = |reason| {
+        let refuse = |reason, node| {
             sh.rejected.fetch_add(1, Ordering::Relaxed);
-            Err(Refused { reason, node: None })
+            Err(Refused { reason, node })
         };
         if sh.shutdown.load(Ordering::Acquire) {
-            return refuse(RejectReason::Shutdown);
+            return refuse(RejectReason::Shutdown, None);
         }
         if let Some(cap) = &sh.capacity {
             let ok = if on_worker.is_some() {
@@ -423,11 +420,13 @@ where
                 cap.reserve(|| sh.gate.is_closed() || sh.shutdown.load(Ordering::Acquire))
             };
             if !ok {
-                return refuse(if sh.shutdown.load(Ordering::Acquire) {
+                let shut = sh.shutdown.load(Ordering::Acquire);
+                let reason = if shut {
                     RejectReason::Shutdown
                 } else {
                     RejectReason::Full
-                });
+                };
+                return refuse(reason, None);
             }
         }
         let release_cap = || {
@@ -437,58 +436,68 @@ where
         };
         let Some(ticket) = sh.gate.enter() else {
             release_cap();
-            return refuse(RejectReason::Shutdown);
+            return refuse(RejectReason::Shutdown, None);
         };
         let local = on_worker.map(|(_, d)| d);
         let Some(key) = key else {
-            let (_, task) = build(None);
-            sh.schedule(Runnable::Task(task), local);
+            sh.schedule(Runnable::Task(build()), local);
             ticket.admit();
             return Ok(());
         };
+        // Keep-first: a `submit_distinct` claims the key's flag (on each fresh chain it meets).
+        let claims_distinct = |entry: &KeyEntry<K>| {
+            kind != Kind::Distinct
+                || entry
+                    .value()
+                    .distinct
+                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+        };
         let guard = crossbeam_epoch::pin();
         let mut entry = self.entry_for(&key, &guard);
-        if kind == Kind::Distinct
-            && entry
-                .value()
-                .distinct
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-        {
+        if !claims_distinct(entry) {
             drop(ticket);
             release_cap();
-            return refuse(RejectReason::Duplicate);
+            return refuse(RejectReason::Duplicate, None);
         }
-        let (_, task) = build(None);
-        let mut node = task.into_raw();
+        let mut node = build().into_raw();
         loop {
-            match entry.value().chain.push(node) {
+            let ks = entry.value();
+            let push = match kind {
+                Kind::Latest => match ks.latest.offer(&ks.chain, node) {
+                    Offer::Replaced(old) => {
+                        // SAFETY: winning the replacement made us the old node's unique owner.
+                        unsafe { TaskRef::from_raw(old) }.abandon(Abandon::Superseded);
+                        sh.dropped_outside.fetch_add(1, Ordering::AcqRel);
+                        release_cap();
+                        break;
+                    }
+                    Offer::PushMarker(marker) => marker,
+                    Offer::Plain(node) => node,
+                },
+                _ => node,
+            };
+            match ks.chain.push(push) {
                 Ok(Pushed::Activated) => {
                     sh.schedule(Runnable::Chain(NonNull::from(entry)), local);
                     break;
                 }
                 Ok(Pushed::Queued) => break,
                 Err(Retired(back)) => {
-                    // The key was released under us: take (or make) its fresh chain and retry.
-                    node = back;
+                    // The key was released under us: take back what we pushed (from the slot, if
+                    // it was the marker) and retry on the key's fresh chain.
+                    node = if ks.latest.is_marker(back) {
+                        ks.latest.unclaim()
+                    } else {
+                        back
+                    };
                     entry = self.entry_for(&key, &guard);
-                    // Keep-first holds on the fresh chain too: claim its flag, or refuse and hand
-                    // the task back (the node was never published, so it is still ours).
-                    if kind == Kind::Distinct
-                        && entry
-                            .value()
-                            .distinct
-                            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                            .is_err()
-                    {
+                    if !claims_distinct(entry) {
                         drop(ticket);
                         release_cap();
-                        sh.rejected.fetch_add(1, Ordering::Relaxed);
-                        return Err(Refused {
-                            reason: RejectReason::Duplicate,
-                            // SAFETY: the failed push handed the unpublished node back to us.
-                            node: Some(unsafe { TaskRef::from_raw(node) }),
-                        });
+                        // SAFETY: the node was never published, so it is still ours.
+                        let node = unsafe { TaskRef::from_raw(node) };
+                        return refuse(RejectReason::Duplicate, Some(node));
                     }
                 }
             }
@@ -614,6 +623,8 @@ where
         for t in tasks {
             out.push(PendingTask::new(Some(entry.key().clone()), t));
         }
+        // SAFETY: as above: we own the drained chain, and it is an entry of our table.
+        unsafe { crate::idle::release_drained(&self.shared, e) };
     }
 
     /// Waits until the serializer has terminated (shut down and every worker exited) or

@@ -14,6 +14,7 @@ use keyserial_core::table::{Entry, Retire, Table};
 use crate::capacity::Capacity;
 use crate::gate::Gate;
 use crate::idle::IdleWord;
+use crate::latest::LatestSlot;
 use crate::nodes::Recycled;
 use crate::phase::Phase;
 use crate::sleep::Sleep;
@@ -28,6 +29,8 @@ pub(crate) struct KeyState {
     pub(crate) distinct: AtomicBool,
     /// Idle bookkeeping (see `idle.rs`).
     pub(crate) idle: IdleWord,
+    /// The `submit_latest` coalescing slot (see `latest.rs`).
+    pub(crate) latest: LatestSlot<Header>,
 }
 
 impl KeyState {
@@ -36,6 +39,31 @@ impl KeyState {
             chain: Chain::new(),
             distinct: AtomicBool::new(false),
             idle: IdleWord::new(),
+            latest: LatestSlot::new(Header::marker()),
+        }
+    }
+
+    /// Turns a node popped from this key's chain into the task to run: the slot's task if the
+    /// node is the latest-slot marker (`None` if it stood for nothing), else the node itself.
+    ///
+    /// # Safety
+    /// The caller owns the chain and just popped `node` from it.
+    pub(crate) unsafe fn popped(&self, node: NonNull<Header>) -> Option<TaskRef> {
+        let node = if self.latest.is_marker(node) {
+            self.latest.take()?
+        } else {
+            node
+        };
+        // SAFETY: popping (or taking from the slot) made the caller the node's unique owner.
+        Some(unsafe { TaskRef::from_raw(node) })
+    }
+}
+
+impl Drop for KeyState {
+    fn drop(&mut self) {
+        if let Some(task) = self.latest.take_mut() {
+            // SAFETY: a task in the slot is owned by the slot, and we are its last user.
+            unsafe { TaskRef::from_raw(task) }.abandon(crate::task::Abandon::Cancelled);
         }
     }
 }

@@ -34,6 +34,9 @@ pub(crate) enum Kind {
     Distinct,
     /// `submit_with_permits`: runs only once it holds its permits.
     Permits,
+    /// A key's latest-slot marker (`latest.rs`): stands for the task in the slot; never run or
+    /// freed itself.
+    Marker,
 }
 
 /// Why a task is abandoned without running.
@@ -104,7 +107,11 @@ where
     }
 
     fn abandon(self, why: Abandon) {
-        self.state.complete(Err(match why {
+        // The closure (and what it captured) goes before the handle resolves, so a joiner that
+        // sees `Superseded`/`Cancelled` also sees the captures released.
+        let Joined { f, state } = self;
+        drop(f);
+        state.complete(Err(match why {
             Abandon::Cancelled => TaskError::Cancelled,
             Abandon::Superseded => TaskError::Superseded,
         }));
@@ -162,10 +169,36 @@ unsafe impl Linked for Header {
     }
 
     unsafe fn drop_queued(node: NonNull<Self>) {
-        // SAFETY: the chain hands over exclusive ownership of a node it never gives out again.
+        // SAFETY: the chain hands over a live node it never gives out again.
+        if unsafe { node.as_ref() }.kind == Kind::Marker {
+            return; // part of the key's state; the slot's task is dropped with that state
+        }
+        // SAFETY: as above; a task node is then exclusively ours.
         unsafe { TaskRef::from_raw(node) }.abandon(Abandon::Cancelled);
     }
 }
+
+impl Header {
+    /// A latest-slot marker (`latest.rs`): queued on a chain in place of the slot's task, and
+    /// turned into that task by whoever pops it (`KeyState::popped`), so its vtable is never
+    /// called.
+    pub(crate) fn marker() -> Header {
+        Header {
+            link: Link::new(),
+            vtable: &MARKER_VTABLE,
+            kind: Kind::Marker,
+        }
+    }
+}
+
+/// A marker's vtable: never called (a marker is never run, abandoned or asked for permits).
+static MARKER_VTABLE: VTable = VTable {
+    run: |_, _, _| unreachable!("a latest-slot marker is never run"),
+    abandon: |_, _| unreachable!("a latest-slot marker is never abandoned"),
+    permits: |_| None,
+    granted: |_| None,
+    gated: false,
+};
 
 /// What a node carries besides its job: nothing for most tasks (a node is then its header plus
 /// the closure: 24 bytes of overhead), the permit request for permit-gated ones.

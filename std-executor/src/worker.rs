@@ -431,7 +431,9 @@ where
                 return After::Continue;
             }
             // SAFETY: we own the chain; `kind_of` reads queued nodes of a chain we own.
-            let popped = unsafe { chain.pop_coalescing(|n| TaskRef::kind_of(n) == Kind::Latest) };
+            let popped = unsafe {
+                chain.pop_coalescing(|n| matches!(TaskRef::kind_of(n), Kind::Latest | Kind::Marker))
+            };
             let Some(p) = popped else {
                 let guard = crossbeam_epoch::pin();
                 // SAFETY: we own the chain.
@@ -441,8 +443,10 @@ where
                 }
                 continue;
             };
-            // SAFETY: popping made us the node's unique owner.
-            let mut task = unsafe { TaskRef::from_raw(p.node) };
+            // SAFETY: we own the chain and just popped the node.
+            let Some(mut task) = (unsafe { ks.popped(p.node) }) else {
+                continue;
+            };
             if p.superseded {
                 task.abandon(Abandon::Superseded);
                 self.bump(|c| &c.dropped);
@@ -545,6 +549,12 @@ where
     }
 
     fn exit(mut self) {
+        if self.shared.shutdown.load(Ordering::Acquire) {
+            // Shutting down: release every idle key now rather than at the serializer's drop,
+            // so `stats().active_keys` and memory reflect it after termination.
+            self.now = self.shared.now_ms();
+            self.reap_idle(true);
+        }
         self.flush_garbage();
         if self.searching {
             self.shared.sleep.stop_searching();
@@ -552,7 +562,8 @@ where
         }
         if !self.idle.is_empty() {
             if self.index == 0 {
-                // Worker 0 exits only at shutdown: idle keys are freed with the table.
+                // Worker 0 exits only at shutdown: what is left (keys active again) is freed
+                // with the table.
                 self.idle.clear();
             } else {
                 lock(&self.shared.orphans).extend(self.idle.drain(..));
@@ -606,9 +617,10 @@ pub(crate) fn steal_into<T>(mut f: impl FnMut() -> Steal<T>) -> Option<T> {
 /// # Safety
 /// The caller owns the entry's chain.
 pub(crate) unsafe fn drain_chain<K>(entry: &KeyEntry<K>, out: &mut Vec<TaskRef>) {
+    let ks = entry.value();
     // SAFETY: per the contract; popped nodes are ours.
-    while let Some(n) = unsafe { entry.value().chain.pop() } {
-        // SAFETY: popping made us the node's owner.
-        out.push(unsafe { TaskRef::from_raw(n) });
+    while let Some(n) = unsafe { ks.chain.pop() } {
+        // SAFETY: we own the chain and just popped `n`.
+        out.extend(unsafe { ks.popped(n) });
     }
 }
