@@ -51,11 +51,20 @@
 //! - **FIFO per key.** The inbox is a LIFO of pushes in the order their CASes succeeded; the owner
 //!   takes the whole inbox in one swap and reverses it, so the private FIFO holds pushes in CAS order,
 //!   and later takes only append younger pushes behind it.
-//! - **Memory ordering.** Push CAS is `Release` (publishes the node), take is `Acquire` (sees it).
-//!   Release is `Release`, and a push that activates is `AcqRel`: the next owner's view of the
-//!   private FIFO happens-after the previous owner's last write, through the activating push and the
-//!   ready queue's own release/acquire. Retire is `AcqRel`, so whoever frees the chain after retiring
-//!   it happens-after the last owner.
+//!
+//! # Memory ordering
+//!
+//! | step | ordering | why |
+//! |---|---|---|
+//! | push CAS, success | `AcqRel` | *Release* publishes the node and its `next` to the owner's take. *Acquire* because the push that moves the word from `0` becomes the owner: it must see everything the previous owner did before its release CAS (the private FIFO cell, and whatever per-key state the caller keeps under the baton). A CAS cannot choose its ordering after learning which value it replaced, so every push pays the acquire (free on x86; on weakly ordered targets one acquiring load-exclusive). A `Release` CAS plus an `Acquire` fence taken only on [`Pushed::Activated`] would be equivalent; it is not worth a second pattern to check. |
+//! | push CAS, failure | `Relaxed` | a retry publishes nothing yet. A push that meets `RETIRED` acquires nothing either: its node never left this thread, and the caller goes back to the key table, whose own loads acquire the fresh chain. |
+//! | take (swap) | `Acquire` | synchronises with every push in the inbox: the pushes are RMWs on one word, so they form one release sequence that the swap reads the end of. |
+//! | [`try_release`](Chain::try_release) CAS | `Release` | the next owner (an activating push, or a retirer) acquires it. |
+//! | [`try_retire`](Chain::try_retire) CAS | `AcqRel` | acquires the last owner's release, so whoever unlinks and frees the chain after retiring it happens-after the last owner. |
+//!
+//! Passing the baton on through a ready queue relies on the queue's own release/acquire.
+//!
+//! # Progress
 //!
 //! Push is lock-free (a CAS fails only because another push, take, release or retire succeeded);
 //! take, release, pop and retire are wait-free. Push is the classic Treiber push, which is immune to
@@ -174,7 +183,8 @@ unsafe impl Sync for Link {}
 ///
 /// let mut job = Job { link: Link::new(), id: 7 };
 /// let chain: Chain<Job> = Chain::new();
-/// assert_eq!(chain.push(NonNull::from(&mut job)).unwrap(), Pushed::Activated);
+/// // SAFETY: `job` outlives the chain, is queued once and not touched while queued.
+/// assert_eq!(unsafe { chain.push(NonNull::from(&mut job)) }.unwrap(), Pushed::Activated);
 /// // SAFETY: the push above activated the chain, so this thread owns it.
 /// let popped = unsafe { chain.pop() }.unwrap();
 /// assert_eq!(unsafe { popped.as_ref() }.id, 7);
@@ -278,16 +288,52 @@ impl<N: Linked> Chain<N> {
     ///
     /// On success the chain owns the node until the owner pops it. If the result is
     /// [`Pushed::Activated`] the caller now owns the chain and must schedule it.
-    /// On a retired chain the node is handed back in [`Retired`].
+    /// On a retired chain the node is handed back in [`Retired`], untouched, and is the caller's
+    /// again.
+    ///
+    /// For heap nodes the safe [`push_value`](Chain::push_value) (`alloc` feature) does the
+    /// allocation and this call in one step.
+    ///
+    /// # Safety
+    /// `node` is handed over to the chain, so:
+    /// - it points to a live `N`, which the caller owns exclusively: it is not queued on any
+    ///   chain (this one included) and no other code reads or writes it, its [`Link`] above all,
+    ///   until the chain's owner pops it or the chain's `Drop` passes it to
+    ///   [`Linked::drop_queued`];
+    /// - it stays valid (not moved, not freed) until then;
+    /// - it is a node that `N`'s [`drop_queued`](Linked::drop_queued) accepts, and that whoever
+    ///   pops it knows how to dispose of (a [`BoxNode`] from [`BoxNode::new`], a
+    ///   [`PoolNode`](crate::pool::PoolNode) from [`Pool::alloc`](crate::pool::Pool::alloc)).
     ///
     /// ```
-    /// # use keyserial_core::chain::{Chain, BoxNode, Pushed};
-    /// let chain: Chain<BoxNode<&str>> = Chain::new();
-    /// assert_eq!(chain.push_value("a"), Ok(Pushed::Activated));
-    /// assert_eq!(chain.push_value("b"), Ok(Pushed::Queued));
-    /// # unsafe { while chain.pop_value().is_some() {} chain.try_release(); }
+    /// use core::ptr::NonNull;
+    /// use keyserial_core::chain::{Chain, Link, Linked, Pushed};
+    ///
+    /// #[repr(C)]
+    /// struct Job { link: Link, id: u32 }
+    /// // SAFETY: `link` is the first field of a `repr(C)` struct, so the casts are exact inverses.
+    /// unsafe impl Linked for Job {
+    ///     fn link(node: NonNull<Self>) -> NonNull<Link> { node.cast() }
+    ///     unsafe fn from_link(link: NonNull<Link>) -> NonNull<Self> { link.cast() }
+    /// }
+    ///
+    /// let mut a = Job { link: Link::new(), id: 1 };
+    /// let mut b = Job { link: Link::new(), id: 2 };
+    /// let chain: Chain<Job> = Chain::new();
+    /// // SAFETY: `a` and `b` outlive the chain, are queued once each, and are not touched while
+    /// // queued; `Job`'s default `drop_queued` does nothing, which suits stack nodes.
+    /// unsafe {
+    ///     assert_eq!(chain.push(NonNull::from(&mut a)), Ok(Pushed::Activated));
+    ///     assert_eq!(chain.push(NonNull::from(&mut b)), Ok(Pushed::Queued));
+    /// }
+    /// // SAFETY: the first push activated the chain, so this thread owns it.
+    /// unsafe {
+    ///     assert_eq!(chain.pop().unwrap().as_ref().id, 1);
+    ///     assert_eq!(chain.pop().unwrap().as_ref().id, 2);
+    ///     assert!(chain.try_release());
+    /// }
     /// ```
-    pub fn push(&self, node: NonNull<N>) -> Result<Pushed, Retired<NonNull<N>>> {
+    pub unsafe fn push(&self, node: NonNull<N>) -> Result<Pushed, Retired<NonNull<N>>> {
         let link = N::link(node);
         debug_assert_eq!(
             link.as_ptr() as usize & !PTR_MASK,
@@ -299,12 +345,15 @@ impl<N: Linked> Chain<N> {
             if cur & RETIRED != 0 {
                 return Err(Retired(node));
             }
-            // SAFETY: the node is not published yet (our CAS below has not succeeded), so this
-            // thread owns it exclusively.
+            // SAFETY: the caller handed the node over (our contract) and it is not published
+            // yet (our CAS below has not succeeded), so this thread owns it exclusively.
             unsafe { Link::set_next(link, (cur & PTR_MASK) as *mut Link) };
             let new = link.as_ptr() as usize | ACTIVE;
-            // Activating pushes acquire, so the baton they create carries the previous owner's
-            // release (see "Memory ordering" above).
+            // AcqRel on success: Release publishes the node (and `next`) to the owner's take;
+            // Acquire because a push that activates becomes the owner and must see the previous
+            // owner's writes (its release CAS). Relaxed on failure: a retry re-publishes, and a
+            // bounce on RETIRED hands back a node that never left this thread. See "Memory
+            // ordering" in the module docs.
             match self
                 .state
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
@@ -664,7 +713,9 @@ mod boxed {
         /// # unsafe { chain.pop_value(); assert!(chain.try_release()); }
         /// ```
         pub fn push_value(&self, value: T) -> Result<Pushed, Retired<T>> {
-            self.push(BoxNode::new(value)).map_err(|Retired(node)| {
+            // SAFETY: a fresh node from `BoxNode::new`, owned by nobody else, which
+            // `BoxNode::drop_queued` and `pop_value` free as the Box it is.
+            unsafe { self.push(BoxNode::new(value)) }.map_err(|Retired(node)| {
                 // SAFETY: the push failed, so the node was never published; we still own it.
                 Retired(unsafe { BoxNode::into_value(node) })
             })
@@ -685,7 +736,7 @@ mod boxed {
         /// ```
         pub unsafe fn pop_value(&self) -> Option<T> {
             // SAFETY: forwarded precondition; a popped node is exclusively ours and was made by
-            // `BoxNode::new` (the only way to push into a `Chain<BoxNode<T>>` safely).
+            // `BoxNode::new` (`push`'s contract; `push_value` does exactly that).
             unsafe { self.pop().map(|n| BoxNode::into_value(n)) }
         }
     }

@@ -101,7 +101,8 @@ unsafe impl<T> Linked for PoolNode<T> {
 /// static POOL: Pool<&str, 4> = Pool::new();
 /// let chain: Chain<PoolNode<&str>> = Chain::new();
 /// let node = POOL.alloc("hello").unwrap();
-/// assert_eq!(chain.push(node).unwrap(), Pushed::Activated);
+/// // SAFETY: a fresh node of a pool that outlives the chain, queued once, untouched while queued.
+/// assert_eq!(unsafe { chain.push(node) }.unwrap(), Pushed::Activated);
 /// // SAFETY: the push above activated the chain, so this thread owns it; the popped node came
 /// // from POOL.
 /// unsafe {
@@ -306,7 +307,8 @@ mod tests {
         let pool = Pool::<u32, 8>::new();
         let chain: Chain<PoolNode<u32>> = Chain::new();
         for i in 0..5 {
-            let r = chain.push(pool.alloc(i).unwrap()).unwrap();
+            // SAFETY: a fresh node of a pool that outlives the chain, queued once.
+            let r = unsafe { chain.push(pool.alloc(i).unwrap()) }.unwrap();
             assert_eq!(r == Pushed::Activated, i == 0);
         }
         for i in 0..5 {

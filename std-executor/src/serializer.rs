@@ -435,7 +435,10 @@ where
         let (_, task) = build(None);
         let mut node = task.into_raw();
         loop {
-            match entry.value().chain.push(node) {
+            // SAFETY: `node` is a live task node this thread owns (`into_raw` gave up the
+            // `TaskRef`, or a bounced push handed it back), queued nowhere else; the chain hands
+            // it on to its owner or to `Header::drop_queued`.
+            match unsafe { entry.value().chain.push(node) } {
                 Ok(Pushed::Activated) => {
                     let slot = self.slot_for(entry);
                     sh.schedule(Runnable::Chain(NonNull::from(entry)), slot, local);
