@@ -1,6 +1,12 @@
 //! A key's task chain: an intrusive multi-producer, single-consumer queue fused with the handoff
 //! word that lets exactly one drainer own the key at a time.
 //!
+//! **A building block**, for keyserial's executor and for anyone writing their own: applications
+//! submit through `keyserial::Serializer` instead. Taking, peeking, un-popping and releasing are
+//! `unsafe` because only the holder of the chain's `ACTIVE` baton may call them, and pushing a raw
+//! node is `unsafe` because the chain takes ownership of it; [`Chain::push_value`] is the safe
+//! push for heap nodes.
+//!
 //! # The state word
 //!
 //! Each [`Chain`] has one `AtomicUsize`, the *state word*. It is only ever changed by
@@ -191,10 +197,10 @@ unsafe impl Sync for Link {}
 /// assert!(unsafe { chain.try_release() });
 /// ```
 pub unsafe trait Linked {
-    /// The link inside `node`.
+    /// The link inside `node`. (Implemented in the trait's example above.)
     fn link(node: NonNull<Self>) -> NonNull<Link>;
 
-    /// The node that contains `link`.
+    /// The node that contains `link`. (Implemented in the trait's example above.)
     ///
     /// # Safety
     /// `link` was returned by [`link`](Linked::link).
@@ -211,6 +217,21 @@ pub unsafe trait Linked {
 }
 
 /// What a successful [`Chain::push`] means for the pusher.
+///
+/// ```
+/// use keyserial_core::chain::{BoxNode, Chain, Pushed};
+/// let chain: Chain<BoxNode<u8>> = Chain::new();
+/// match chain.push_value(1) {
+///     // This thread owns the chain now: schedule it (here: drain it at once).
+///     // SAFETY: the activating push made this thread the owner.
+///     Ok(Pushed::Activated) => unsafe {
+///         while let Some(v) = chain.pop_value() { assert_eq!(v, 1) }
+///         assert!(chain.try_release());
+///     },
+///     Ok(Pushed::Queued) => unreachable!("the chain was idle"),
+///     Err(_) => unreachable!("the chain is not retired"),
+/// }
+/// ```
 #[must_use = "a pusher that activated the chain must schedule it, or its tasks are never run"]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pushed {
@@ -223,10 +244,35 @@ pub enum Pushed {
 
 /// A push onto a retired chain: the node is handed back untouched. Look the key up again: the
 /// table has (or will get) a fresh chain for it.
+///
+/// ```
+/// use keyserial_core::chain::{BoxNode, Chain, Retired};
+/// let chain: Chain<BoxNode<&str>> = Chain::new();
+/// assert!(chain.try_retire());
+/// let Err(Retired(task)) = chain.push_value("job") else { unreachable!() };
+/// assert_eq!(task, "job"); // back to the caller, who finds the key's fresh chain
+/// ```
 #[derive(Debug, PartialEq, Eq)]
 pub struct Retired<T>(pub T);
 
 /// A node taken off the chain by [`Chain::pop_coalescing`].
+///
+/// ```
+/// use keyserial_core::chain::{BoxNode, Chain};
+/// let chain: Chain<BoxNode<bool>> = Chain::new(); // the value: "coalescing?"
+/// let _ = chain.push_value(true);
+/// let _ = chain.push_value(true);
+/// // SAFETY: this thread activated the chain; the popped nodes came from `push_value`.
+/// unsafe {
+///     let first = chain.pop_coalescing(|n| n.as_ref().value).unwrap();
+///     assert!(first.superseded); // the next push replaces it
+///     BoxNode::into_value(first.node);
+///     let second = chain.pop_coalescing(|n| n.as_ref().value).unwrap();
+///     assert!(!second.superseded);
+///     BoxNode::into_value(second.node);
+///     assert!(chain.try_release());
+/// }
+/// ```
 #[derive(Debug, PartialEq, Eq)]
 pub struct Popped<N> {
     /// The node, now owned by the caller.
@@ -237,6 +283,35 @@ pub struct Popped<N> {
 }
 
 /// One key's task chain. See the [module documentation](self) for the protocol.
+///
+/// Anyone may [`push`](Chain::push) (or [`push_value`](Chain::push_value)) and
+/// [`try_retire`](Chain::try_retire). The `unsafe` owner methods ([`pop`](Chain::pop),
+/// [`peek`](Chain::peek), [`unpop`](Chain::unpop), [`pop_coalescing`](Chain::pop_coalescing),
+/// [`try_release`](Chain::try_release)) are for the code that drives chains, an executor's worker
+/// loop, and only while it holds the chain's `ACTIVE` baton.
+///
+/// ```
+/// use keyserial_core::chain::{BoxNode, Chain, Pushed};
+///
+/// let chain: Chain<BoxNode<u32>> = Chain::new();
+/// // Submitters:
+/// assert_eq!(chain.push_value(1), Ok(Pushed::Activated)); // this one must schedule the chain
+/// assert_eq!(chain.push_value(2), Ok(Pushed::Queued));
+/// // The worker that got the chain from the activating pusher drains and releases it:
+/// // SAFETY: this thread made the activating push, so it holds the baton.
+/// unsafe {
+///     loop {
+///         while let Some(task) = chain.pop_value() {
+///             let _ = task; // run it
+///         }
+///         if chain.try_release() {
+///             break; // nothing was pushed meanwhile
+///         }
+///     }
+/// }
+/// // An idle chain may be retired (then unlinked from its table and freed).
+/// assert!(chain.try_retire());
+/// ```
 pub struct Chain<N: Linked> {
     /// The state word: `INBOX | RETIRED | ACTIVE`.
     state: AtomicUsize,
@@ -680,6 +755,19 @@ mod boxed {
         ///
         /// # Safety
         /// `node` came from [`BoxNode::new`], is not queued on any chain, and is not used again.
+        ///
+        /// ```
+        /// use keyserial_core::chain::{BoxNode, Chain};
+        /// let chain: Chain<BoxNode<String>> = Chain::new();
+        /// let _ = chain.push_value("x".to_string());
+        /// // SAFETY: this thread activated the chain; the popped node is a `BoxNode::new` node
+        /// // no chain holds any more.
+        /// unsafe {
+        ///     let node = chain.pop().unwrap();
+        ///     assert_eq!(BoxNode::into_value(node), "x");
+        ///     assert!(chain.try_release());
+        /// }
+        /// ```
         pub unsafe fn into_value(node: NonNull<Self>) -> T {
             // SAFETY: per the contract the node is a leaked Box that nobody else references.
             unsafe { Box::from_raw(node.as_ptr()) }.value

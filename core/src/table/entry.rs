@@ -117,6 +117,17 @@ pub(super) unsafe fn defer_free_entry<K, V, M: EntryAlloc>(
 
 /// One key's entry: its hash, key and value. Lives until it is unlinked and every guard that
 /// could have seen it is dropped.
+///
+/// ```
+/// use keyserial_core::chain::{BoxNode, Chain};
+/// use keyserial_core::table::{Entry, Table};
+/// use std::collections::hash_map::RandomState;
+/// let table: Table<&str, Chain<BoxNode<u8>>, RandomState> = Table::with_hasher(RandomState::new());
+/// let guard = table.register().pin();
+/// let entry: &Entry<_, _> = table.get_or_insert_with("k", Chain::new, &guard);
+/// assert_eq!(*entry.key(), "k");
+/// assert!(entry.value().is_idle());
+/// ```
 pub struct Entry<K, V> {
     pub(super) hash: u64,
     /// Where the entry was last seen (see "Home slots" in the module docs): a [`Home`]'s bits.
@@ -203,8 +214,21 @@ impl<K: fmt::Debug, V: fmt::Debug> fmt::Debug for Entry<K, V> {
     }
 }
 
-/// An entry taken out of the table by [`Table::unlink_take`](super::Table::unlink_take), not yet reclaimed. Give it to
-/// [`Table::defer_free`](super::Table::defer_free); dropping it instead leaks the entry (never frees it too early).
+/// An entry taken out of the table by [`Table::unlink_take`](super::Table::unlink_take), not yet
+/// reclaimed. Give it to [`Table::defer_free`](super::Table::defer_free); dropping it instead leaks
+/// the entry (never frees it too early).
+///
+/// ```
+/// use keyserial_core::chain::{BoxNode, Chain};
+/// use keyserial_core::table::{Table, Unlinked};
+/// use std::collections::hash_map::RandomState;
+/// let table: Table<u8, Chain<BoxNode<()>>, RandomState> = Table::with_hasher(RandomState::new());
+/// let guard = table.register().pin();
+/// let e = table.get_or_insert_with(1, Chain::new, &guard);
+/// assert!(e.value().try_retire());
+/// let taken: Option<Unlinked<_, _>> = table.unlink_take(e, &guard);
+/// table.defer_free(taken, &guard); // freed once no guard can see it
+/// ```
 pub struct Unlinked<K, V> {
     ptr: NonNull<Entry<K, V>>,
     /// The table it came from (its identity, the address of its root array): only that table

@@ -1,6 +1,13 @@
 //! The key table (`alloc` feature): key → entry (a key's chain plus whatever the executor keeps
 //! per key), sharded by hash, lock-free, with entries freed through `crossbeam-epoch`.
 //!
+//! **A building block**, for keyserial's executor and for anyone writing their own. It is a
+//! concurrent map with one unusual rule: entries leave it only through retirement of their value
+//! ([`Retire`]), which is what makes "release an idle key" safe against a racing submit. Lookups,
+//! inserts, [`unlink`](Table::unlink) and batched reclamation are safe;
+//! [`retire_take`](Table::retire_take) and [`EntryAlloc`] are `unsafe` because they trust the
+//! caller's promise about the entry's history and the allocator's behaviour.
+//!
 //! # Shape: a sharded hash trie
 //!
 //! The table is a fixed root array of `2^12` slots (the *shards*: 32 KiB, selected by the low 12
@@ -146,6 +153,28 @@ fn index(hash: u64, shift: u32) -> usize {
 
 /// A value that can be taken out of the table: it has a terminal "retired" state after which it
 /// is never used for new work. [`Chain`] is the canonical implementation.
+///
+/// A safe trait: the table's safe operations stay sound whatever `is_retired` returns (a value
+/// that reports wrongly only gets wrong answers); [`Table::retire_take`], which is `unsafe`,
+/// requires it to report truthfully.
+///
+/// ```
+/// use core::sync::atomic::{AtomicBool, Ordering};
+/// use keyserial_core::table::{Retire, Table};
+/// use std::collections::hash_map::RandomState;
+///
+/// #[derive(Default)]
+/// struct Session { closed: AtomicBool }
+/// impl Retire for Session {
+///     fn is_retired(&self) -> bool { self.closed.load(Ordering::Acquire) }
+/// }
+///
+/// let table: Table<u32, Session, RandomState> = Table::with_hasher(RandomState::new());
+/// let guard = table.register().pin();
+/// let e = table.get_or_insert_with(7, Session::default, &guard);
+/// e.value().closed.store(true, Ordering::Release);
+/// assert!(table.unlink(e, &guard));
+/// ```
 pub trait Retire {
     /// `true` once the value is retired.
     ///
