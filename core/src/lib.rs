@@ -21,7 +21,8 @@
 //! operation guarantees. Where an operation's soundness rests on a promise only the caller can
 //! keep (ownership of a chain's `ACTIVE` baton, handing over a raw node, the history of a table
 //! entry), it is an `unsafe fn` with a `# Safety` section; no safe function trusts a raw pointer.
-//! Nothing is `#[doc(hidden)]`: keyserial uses every public item, and each is usable on its own.
+//! Nothing is `#[doc(hidden)]`: every public item is meant for executor authors and is usable on
+//! its own ([`pool`] and the bounded [`ready`] queue serve builds without an allocator).
 //!
 //! Every concurrent protocol is written down at the top of its module and checked by the loom models
 //! in the repository's `loom/` crate, which compile this crate with `--cfg loom` so that all atomics
