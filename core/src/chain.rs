@@ -1,6 +1,12 @@
 //! A key's task chain: an intrusive multi-producer, single-consumer queue fused with the handoff
 //! word that lets exactly one drainer own the key at a time.
 //!
+//! **A building block**, for keyserial's executor and for anyone writing their own: applications
+//! submit through `keyserial::Serializer` instead. Taking, peeking, un-popping and releasing are
+//! `unsafe` because only the holder of the chain's `ACTIVE` baton may call them, and pushing a raw
+//! node is `unsafe` because the chain takes ownership of it; [`Chain::push_value`] is the safe
+//! push for heap nodes.
+//!
 //! # The state word
 //!
 //! Each [`Chain`] has one `AtomicUsize`, the *state word*. It is only ever changed by
@@ -51,11 +57,20 @@
 //! - **FIFO per key.** The inbox is a LIFO of pushes in the order their CASes succeeded; the owner
 //!   takes the whole inbox in one swap and reverses it, so the private FIFO holds pushes in CAS order,
 //!   and later takes only append younger pushes behind it.
-//! - **Memory ordering.** Push CAS is `Release` (publishes the node), take is `Acquire` (sees it).
-//!   Release is `Release`, and a push that activates is `AcqRel`: the next owner's view of the
-//!   private FIFO happens-after the previous owner's last write, through the activating push and the
-//!   ready queue's own release/acquire. Retire is `AcqRel`, so whoever frees the chain after retiring
-//!   it happens-after the last owner.
+//!
+//! # Memory ordering
+//!
+//! | step | ordering | why |
+//! |---|---|---|
+//! | push CAS, success | `AcqRel` | *Release* publishes the node and its `next` to the owner's take. *Acquire* because the push that moves the word from `0` becomes the owner: it must see everything the previous owner did before its release CAS (the private FIFO cell, and whatever per-key state the caller keeps under the baton). A CAS cannot choose its ordering after learning which value it replaced, so every push pays the acquire (free on x86; on weakly ordered targets one acquiring load-exclusive). A `Release` CAS plus an `Acquire` fence taken only on [`Pushed::Activated`] would be equivalent; it is not worth a second pattern to check. |
+//! | push CAS, failure | `Relaxed` | a retry publishes nothing yet. A push that meets `RETIRED` acquires nothing either: its node never left this thread, and the caller goes back to the key table, whose own loads acquire the fresh chain. |
+//! | take (swap) | `Acquire` | synchronises with every push in the inbox: the pushes are RMWs on one word, so they form one release sequence that the swap reads the end of. |
+//! | [`try_release`](Chain::try_release) CAS | `Release` | the next owner (an activating push, or a retirer) acquires it. |
+//! | [`try_retire`](Chain::try_retire) CAS | `AcqRel` | acquires the last owner's release, so whoever unlinks and frees the chain after retiring it happens-after the last owner. |
+//!
+//! Passing the baton on through a ready queue relies on the queue's own release/acquire.
+//!
+//! # Progress
 //!
 //! Push is lock-free (a CAS fails only because another push, take, release or retire succeeded);
 //! take, release, pop and retire are wait-free. Push is the classic Treiber push, which is immune to
@@ -174,17 +189,18 @@ unsafe impl Sync for Link {}
 ///
 /// let mut job = Job { link: Link::new(), id: 7 };
 /// let chain: Chain<Job> = Chain::new();
-/// assert_eq!(chain.push(NonNull::from(&mut job)).unwrap(), Pushed::Activated);
+/// // SAFETY: `job` outlives the chain, is queued once and not touched while queued.
+/// assert_eq!(unsafe { chain.push(NonNull::from(&mut job)) }.unwrap(), Pushed::Activated);
 /// // SAFETY: the push above activated the chain, so this thread owns it.
 /// let popped = unsafe { chain.pop() }.unwrap();
 /// assert_eq!(unsafe { popped.as_ref() }.id, 7);
 /// assert!(unsafe { chain.try_release() });
 /// ```
 pub unsafe trait Linked {
-    /// The link inside `node`.
+    /// The link inside `node`. (Implemented in the trait's example above.)
     fn link(node: NonNull<Self>) -> NonNull<Link>;
 
-    /// The node that contains `link`.
+    /// The node that contains `link`. (Implemented in the trait's example above.)
     ///
     /// # Safety
     /// `link` was returned by [`link`](Linked::link).
@@ -201,6 +217,21 @@ pub unsafe trait Linked {
 }
 
 /// What a successful [`Chain::push`] means for the pusher.
+///
+/// ```
+/// use keyserial_core::chain::{BoxNode, Chain, Pushed};
+/// let chain: Chain<BoxNode<u8>> = Chain::new();
+/// match chain.push_value(1) {
+///     // This thread owns the chain now: schedule it (here: drain it at once).
+///     // SAFETY: the activating push made this thread the owner.
+///     Ok(Pushed::Activated) => unsafe {
+///         while let Some(v) = chain.pop_value() { assert_eq!(v, 1) }
+///         assert!(chain.try_release());
+///     },
+///     Ok(Pushed::Queued) => unreachable!("the chain was idle"),
+///     Err(_) => unreachable!("the chain is not retired"),
+/// }
+/// ```
 #[must_use = "a pusher that activated the chain must schedule it, or its tasks are never run"]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pushed {
@@ -213,10 +244,35 @@ pub enum Pushed {
 
 /// A push onto a retired chain: the node is handed back untouched. Look the key up again: the
 /// table has (or will get) a fresh chain for it.
+///
+/// ```
+/// use keyserial_core::chain::{BoxNode, Chain, Retired};
+/// let chain: Chain<BoxNode<&str>> = Chain::new();
+/// assert!(chain.try_retire());
+/// let Err(Retired(task)) = chain.push_value("job") else { unreachable!() };
+/// assert_eq!(task, "job"); // back to the caller, who finds the key's fresh chain
+/// ```
 #[derive(Debug, PartialEq, Eq)]
 pub struct Retired<T>(pub T);
 
 /// A node taken off the chain by [`Chain::pop_coalescing`].
+///
+/// ```
+/// use keyserial_core::chain::{BoxNode, Chain};
+/// let chain: Chain<BoxNode<bool>> = Chain::new(); // the value: "coalescing?"
+/// let _ = chain.push_value(true);
+/// let _ = chain.push_value(true);
+/// // SAFETY: this thread activated the chain; the popped nodes came from `push_value`.
+/// unsafe {
+///     let first = chain.pop_coalescing(|n| n.as_ref().value).unwrap();
+///     assert!(first.superseded); // the next push replaces it
+///     BoxNode::into_value(first.node);
+///     let second = chain.pop_coalescing(|n| n.as_ref().value).unwrap();
+///     assert!(!second.superseded);
+///     BoxNode::into_value(second.node);
+///     assert!(chain.try_release());
+/// }
+/// ```
 #[derive(Debug, PartialEq, Eq)]
 pub struct Popped<N> {
     /// The node, now owned by the caller.
@@ -227,6 +283,35 @@ pub struct Popped<N> {
 }
 
 /// One key's task chain. See the [module documentation](self) for the protocol.
+///
+/// Anyone may [`push`](Chain::push) (or [`push_value`](Chain::push_value)) and
+/// [`try_retire`](Chain::try_retire). The `unsafe` owner methods ([`pop`](Chain::pop),
+/// [`peek`](Chain::peek), [`unpop`](Chain::unpop), [`pop_coalescing`](Chain::pop_coalescing),
+/// [`try_release`](Chain::try_release)) are for the code that drives chains, an executor's worker
+/// loop, and only while it holds the chain's `ACTIVE` baton.
+///
+/// ```
+/// use keyserial_core::chain::{BoxNode, Chain, Pushed};
+///
+/// let chain: Chain<BoxNode<u32>> = Chain::new();
+/// // Submitters:
+/// assert_eq!(chain.push_value(1), Ok(Pushed::Activated)); // this one must schedule the chain
+/// assert_eq!(chain.push_value(2), Ok(Pushed::Queued));
+/// // The worker that got the chain from the activating pusher drains and releases it:
+/// // SAFETY: this thread made the activating push, so it holds the baton.
+/// unsafe {
+///     loop {
+///         while let Some(task) = chain.pop_value() {
+///             let _ = task; // run it
+///         }
+///         if chain.try_release() {
+///             break; // nothing was pushed meanwhile
+///         }
+///     }
+/// }
+/// // An idle chain may be retired (then unlinked from its table and freed).
+/// assert!(chain.try_retire());
+/// ```
 pub struct Chain<N: Linked> {
     /// The state word: `INBOX | RETIRED | ACTIVE`.
     state: AtomicUsize,
@@ -278,16 +363,52 @@ impl<N: Linked> Chain<N> {
     ///
     /// On success the chain owns the node until the owner pops it. If the result is
     /// [`Pushed::Activated`] the caller now owns the chain and must schedule it.
-    /// On a retired chain the node is handed back in [`Retired`].
+    /// On a retired chain the node is handed back in [`Retired`], untouched, and is the caller's
+    /// again.
+    ///
+    /// For heap nodes the safe [`push_value`](Chain::push_value) (`alloc` feature) does the
+    /// allocation and this call in one step.
+    ///
+    /// # Safety
+    /// `node` is handed over to the chain, so:
+    /// - it points to a live `N`, which the caller owns exclusively: it is not queued on any
+    ///   chain (this one included) and no other code reads or writes it, its [`Link`] above all,
+    ///   until the chain's owner pops it or the chain's `Drop` passes it to
+    ///   [`Linked::drop_queued`];
+    /// - it stays valid (not moved, not freed) until then;
+    /// - it is a node that `N`'s [`drop_queued`](Linked::drop_queued) accepts, and that whoever
+    ///   pops it knows how to dispose of (a [`BoxNode`] from [`BoxNode::new`], a
+    ///   [`PoolNode`](crate::pool::PoolNode) from [`Pool::alloc`](crate::pool::Pool::alloc)).
     ///
     /// ```
-    /// # use keyserial_core::chain::{Chain, BoxNode, Pushed};
-    /// let chain: Chain<BoxNode<&str>> = Chain::new();
-    /// assert_eq!(chain.push_value("a"), Ok(Pushed::Activated));
-    /// assert_eq!(chain.push_value("b"), Ok(Pushed::Queued));
-    /// # unsafe { while chain.pop_value().is_some() {} chain.try_release(); }
+    /// use core::ptr::NonNull;
+    /// use keyserial_core::chain::{Chain, Link, Linked, Pushed};
+    ///
+    /// #[repr(C)]
+    /// struct Job { link: Link, id: u32 }
+    /// // SAFETY: `link` is the first field of a `repr(C)` struct, so the casts are exact inverses.
+    /// unsafe impl Linked for Job {
+    ///     fn link(node: NonNull<Self>) -> NonNull<Link> { node.cast() }
+    ///     unsafe fn from_link(link: NonNull<Link>) -> NonNull<Self> { link.cast() }
+    /// }
+    ///
+    /// let mut a = Job { link: Link::new(), id: 1 };
+    /// let mut b = Job { link: Link::new(), id: 2 };
+    /// let chain: Chain<Job> = Chain::new();
+    /// // SAFETY: `a` and `b` outlive the chain, are queued once each, and are not touched while
+    /// // queued; `Job`'s default `drop_queued` does nothing, which suits stack nodes.
+    /// unsafe {
+    ///     assert_eq!(chain.push(NonNull::from(&mut a)), Ok(Pushed::Activated));
+    ///     assert_eq!(chain.push(NonNull::from(&mut b)), Ok(Pushed::Queued));
+    /// }
+    /// // SAFETY: the first push activated the chain, so this thread owns it.
+    /// unsafe {
+    ///     assert_eq!(chain.pop().unwrap().as_ref().id, 1);
+    ///     assert_eq!(chain.pop().unwrap().as_ref().id, 2);
+    ///     assert!(chain.try_release());
+    /// }
     /// ```
-    pub fn push(&self, node: NonNull<N>) -> Result<Pushed, Retired<NonNull<N>>> {
+    pub unsafe fn push(&self, node: NonNull<N>) -> Result<Pushed, Retired<NonNull<N>>> {
         let link = N::link(node);
         debug_assert_eq!(
             link.as_ptr() as usize & !PTR_MASK,
@@ -299,12 +420,15 @@ impl<N: Linked> Chain<N> {
             if cur & RETIRED != 0 {
                 return Err(Retired(node));
             }
-            // SAFETY: the node is not published yet (our CAS below has not succeeded), so this
-            // thread owns it exclusively.
+            // SAFETY: the caller handed the node over (our contract) and it is not published
+            // yet (our CAS below has not succeeded), so this thread owns it exclusively.
             unsafe { Link::set_next(link, (cur & PTR_MASK) as *mut Link) };
             let new = link.as_ptr() as usize | ACTIVE;
-            // Activating pushes acquire, so the baton they create carries the previous owner's
-            // release (see "Memory ordering" above).
+            // AcqRel on success: Release publishes the node (and `next`) to the owner's take;
+            // Acquire because a push that activates becomes the owner and must see the previous
+            // owner's writes (its release CAS). Relaxed on failure: a retry re-publishes, and a
+            // bounce on RETIRED hands back a node that never left this thread. See "Memory
+            // ordering" in the module docs.
             match self
                 .state
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
@@ -651,6 +775,19 @@ mod boxed {
         ///
         /// # Safety
         /// `node` came from [`BoxNode::new`], is not queued on any chain, and is not used again.
+        ///
+        /// ```
+        /// use keyserial_core::chain::{BoxNode, Chain};
+        /// let chain: Chain<BoxNode<String>> = Chain::new();
+        /// let _ = chain.push_value("x".to_string());
+        /// // SAFETY: this thread activated the chain; the popped node is a `BoxNode::new` node
+        /// // no chain holds any more.
+        /// unsafe {
+        ///     let node = chain.pop().unwrap();
+        ///     assert_eq!(BoxNode::into_value(node), "x");
+        ///     assert!(chain.try_release());
+        /// }
+        /// ```
         pub unsafe fn into_value(node: NonNull<Self>) -> T {
             // SAFETY: per the contract the node is a leaked Box that nobody else references.
             unsafe { Box::from_raw(node.as_ptr()) }.value
@@ -684,7 +821,9 @@ mod boxed {
         /// # unsafe { chain.pop_value(); assert!(chain.try_release()); }
         /// ```
         pub fn push_value(&self, value: T) -> Result<Pushed, Retired<T>> {
-            self.push(BoxNode::new(value)).map_err(|Retired(node)| {
+            // SAFETY: a fresh node from `BoxNode::new`, owned by nobody else, which
+            // `BoxNode::drop_queued` and `pop_value` free as the Box it is.
+            unsafe { self.push(BoxNode::new(value)) }.map_err(|Retired(node)| {
                 // SAFETY: the push failed, so the node was never published; we still own it.
                 Retired(unsafe { BoxNode::into_value(node) })
             })
@@ -705,7 +844,7 @@ mod boxed {
         /// ```
         pub unsafe fn pop_value(&self) -> Option<T> {
             // SAFETY: forwarded precondition; a popped node is exclusively ours and was made by
-            // `BoxNode::new` (the only way to push into a `Chain<BoxNode<T>>` safely).
+            // `BoxNode::new` (`push`'s contract; `push_value` does exactly that).
             unsafe { self.pop().map(|n| BoxNode::into_value(n)) }
         }
     }

@@ -12,6 +12,18 @@
 //! | [`recycle`] | (`alloc`) magazine caches that carry freed blocks back to the allocating thread in batches |
 //! | [`permits`] | the permit counter behind keyserial's fair semaphore |
 //!
+//! ## Who this crate is for
+//!
+//! Applications on `std` use [keyserial](https://docs.rs/keyserial)'s `Serializer`, which is
+//! built from these modules. Everything here is a **building block**, for keyserial and for
+//! people writing their own executor (another threading model, an async runtime, firmware
+//! without an allocator): each module states its protocol, who may call what, and what each
+//! operation guarantees. Where an operation's soundness rests on a promise only the caller can
+//! keep (ownership of a chain's `ACTIVE` baton, handing over a raw node, the history of a table
+//! entry), it is an `unsafe fn` with a `# Safety` section; no safe function trusts a raw pointer.
+//! Nothing is `#[doc(hidden)]`: every public item is meant for executor authors and is usable on
+//! its own ([`pool`] and the bounded [`ready`] queue serve builds without an allocator).
+//!
 //! Every concurrent protocol is written down at the top of its module and checked by the loom models
 //! in the repository's `loom/` crate, which compile this crate with `--cfg loom` so that all atomics
 //! and shared cells come from loom (see the private `sync` facade).

@@ -2,6 +2,9 @@
 //! uncontended acquire and release lock-free, while leaving fairness to a waiter queue that the
 //! caller keeps under its own lock.
 //!
+//! **A building block** for a semaphore implementation (keyserial's `Semaphore`, or yours); it
+//! is not a semaphore by itself: it has no waiter queue and never blocks. Everything here is safe.
+//!
 //! # The word
 //!
 //! ```text

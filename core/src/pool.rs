@@ -1,5 +1,10 @@
 //! Fixed-capacity node storage for builds without an allocator.
 //!
+//! **A building block** for executors without an allocator (keyserial's own no-alloc parts and
+//! yours): it gives [`Chain`](crate::chain::Chain) nodes from `static` storage. Allocating is safe;
+//! [`Pool::free`] and [`PoolNode::value`] are `unsafe` because they trust that the node is an
+//! allocated one of this pool that no chain holds.
+//!
 //! A [`Pool<T, N>`] owns `N` [`PoolNode`]s (a `const` constructor, so it can be a `static`) and
 //! hands them out one value at a time; the nodes implement [`Linked`], so they can be pushed onto a
 //! [`Chain`](crate::chain::Chain) directly.
@@ -35,7 +40,19 @@ use crate::sync::{AtomicUsize, Ordering, UnsafeCell};
 const HALF: u32 = usize::BITS / 2;
 const INDEX_MASK: usize = (1 << HALF) - 1;
 
-/// One slot of a [`Pool`]: a chain [`Link`], the free-list word and the value.
+/// One slot of a [`Pool`]: a chain [`Link`], the free-list word and the value. Nodes are only
+/// ever handed out by [`Pool::alloc`], as pointers.
+///
+/// ```
+/// use keyserial_core::pool::{Pool, PoolNode};
+/// let pool: Pool<u8, 1> = Pool::new();
+/// let node: core::ptr::NonNull<PoolNode<u8>> = pool.alloc(3).unwrap();
+/// // SAFETY: `node` is allocated from `pool` and not queued anywhere.
+/// unsafe {
+///     assert_eq!(*PoolNode::value(node), 3);
+///     assert_eq!(pool.free(node), 3);
+/// }
+/// ```
 #[repr(C)]
 pub struct PoolNode<T> {
     link: Link,
@@ -101,7 +118,8 @@ unsafe impl<T> Linked for PoolNode<T> {
 /// static POOL: Pool<&str, 4> = Pool::new();
 /// let chain: Chain<PoolNode<&str>> = Chain::new();
 /// let node = POOL.alloc("hello").unwrap();
-/// assert_eq!(chain.push(node).unwrap(), Pushed::Activated);
+/// // SAFETY: a fresh node of a pool that outlives the chain, queued once, untouched while queued.
+/// assert_eq!(unsafe { chain.push(node) }.unwrap(), Pushed::Activated);
 /// // SAFETY: the push above activated the chain, so this thread owns it; the popped node came
 /// // from POOL.
 /// unsafe {
@@ -306,7 +324,8 @@ mod tests {
         let pool = Pool::<u32, 8>::new();
         let chain: Chain<PoolNode<u32>> = Chain::new();
         for i in 0..5 {
-            let r = chain.push(pool.alloc(i).unwrap()).unwrap();
+            // SAFETY: a fresh node of a pool that outlives the chain, queued once.
+            let r = unsafe { chain.push(pool.alloc(i).unwrap()) }.unwrap();
             assert_eq!(r == Pushed::Activated, i == 0);
         }
         for i in 0..5 {

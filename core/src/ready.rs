@@ -1,5 +1,8 @@
 //! Ready queues: where chains that became active wait for a worker.
 //!
+//! **A building block** for executors (keyserial's and yours); both queues are plain, safe MPMC
+//! queues of any `T`, usable on their own.
+//!
 //! - [`BoundedQueue`]: a fixed-capacity MPMC queue that needs no allocator (a `const` constructor,
 //!   so it can live in a `static`). Works on every target the crate supports.
 //! - [`UnboundedQueue`] (`alloc`): an unbounded MPMC queue (crossbeam-queue's segmented queue).

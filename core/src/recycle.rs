@@ -1,5 +1,9 @@
 //! Recycling of fixed-size blocks between threads (`alloc` feature): a *magazine* cache.
 //!
+//! **A building block**: keyserial's executor allocates its task nodes and key-table entries
+//! through it (as an [`EntryAlloc`](crate::table::EntryAlloc)); an executor of your own can do the
+//! same. [`Cache::free`] is `unsafe` because it trusts the block's origin and layout.
+//!
 //! # Why
 //!
 //! A serializer allocates one task node per submission on the submitting thread and frees it on
@@ -51,7 +55,8 @@ use core::ptr::NonNull;
 
 use crate::ready::BoundedQueue;
 
-/// Blocks per magazine.
+/// Blocks per magazine: the unit of the memory bound in the module docs. (No example: a tuning
+/// constant, exported so that tests and models can size their workloads in magazines.)
 #[cfg(not(loom))]
 pub const BATCH: usize = 32;
 /// Blocks per magazine (tiny under loom, where every depot access is a modelled branch; same
@@ -322,6 +327,24 @@ impl<'d, const N: usize> Cache<'d, N> {
     /// `block` has the depot's [`layout`](Depot::layout) and came either from
     /// [`alloc`](Cache::alloc) of a cache over the same depot (any thread's) or from the global
     /// allocator with that layout; it is not used any more, and it is freed once.
+    ///
+    /// ```
+    /// # use core::alloc::Layout;
+    /// # use keyserial_core::recycle::{Cache, Depot};
+    /// let depot: Depot<2> = Depot::new(Layout::new::<[u8; 32]>());
+    /// let mut here = Cache::new(&depot);
+    /// let block = here.alloc();
+    /// // Any cache over the same depot may take it back, on any thread.
+    /// let depot = &depot;
+    /// std::thread::scope(|s| {
+    ///     let block = block.as_ptr() as usize; // (raw pointers are not Send)
+    ///     s.spawn(move || {
+    ///         let mut there = Cache::new(depot);
+    ///         // SAFETY: the block came from a cache over `depot` and is no longer used.
+    ///         unsafe { there.free(core::ptr::NonNull::new(block as *mut u8).unwrap()) };
+    ///     });
+    /// });
+    /// ```
     #[inline]
     pub unsafe fn free(&mut self, block: NonNull<u8>) {
         if self.current.is_full() {

@@ -477,7 +477,11 @@ where
                 },
                 _ => node,
             };
-            match ks.chain.push(push) {
+            // SAFETY: `push` is a live task node this thread owns (`into_raw` gave up the
+            // `TaskRef`, or a bounced push handed it back), or the key's latest-slot marker,
+            // which only its claimer (us) pushes; either is queued nowhere else, and the chain
+            // hands it on to its owner or to `Header::drop_queued` (a no-op for the marker).
+            match unsafe { ks.chain.push(push) } {
                 Ok(Pushed::Activated) => {
                     sh.schedule(Runnable::Chain(NonNull::from(entry)), local);
                     break;

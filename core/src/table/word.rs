@@ -1,0 +1,196 @@
+//! The words the trie is made of: a slot's [`Word`] (empty, or a pointer tagged with what it points
+//! to), the atomic [`Slot`] that holds one, and the [`Home`] word that names a slot.
+
+use super::entry::Entry;
+use super::node::{Collision, Inner};
+use super::FANOUT;
+use crate::sync::{AtomicUsize, Ordering};
+
+/// The low bits of a [`Word`] that say what its pointer points to.
+const TAG_MASK: usize = 0b11;
+const LEAF: usize = 0b00;
+const INNER: usize = 0b01;
+const COLL: usize = 0b10;
+
+/// What a slot holds: `0` (empty), or the address of an entry (`LEAF`), an inner node (`INNER`)
+/// or a collision node (`COLL`) with the tag in its low two bits (every target is at least
+/// 4-byte aligned).
+///
+/// Pointers become words with `as usize` casts, which expose their provenance, and come back from
+/// the integer: a pointer rebuilt from a word loaded from the table carries the provenance of the
+/// allocation it was published with (never one derived from a shared reference), which is what may
+/// free it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) struct Word(usize);
+
+/// The four shapes of a [`Word`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Kind {
+    Empty,
+    Leaf,
+    Inner,
+    Collision,
+}
+
+/// A [`Word`] decoded into a reference to what it points to.
+pub(super) enum Node<'a, K, V> {
+    Empty,
+    Leaf(&'a Entry<K, V>),
+    Inner(&'a Inner),
+    Collision(&'a Collision<K, V>),
+}
+
+impl Word {
+    /// The empty slot.
+    pub(super) const EMPTY: Word = Word(0);
+
+    fn tagged(addr: usize, tag: usize) -> Word {
+        debug_assert!(addr != 0 && addr & TAG_MASK == 0, "misaligned or null node");
+        Word(addr | tag)
+    }
+
+    /// A leaf: the entry `e`.
+    pub(super) fn leaf<K, V>(e: *const Entry<K, V>) -> Word {
+        Word::tagged(e as usize, LEAF)
+    }
+
+    /// An inner node.
+    pub(super) fn inner(n: *const Inner) -> Word {
+        Word::tagged(n as usize, INNER)
+    }
+
+    /// A collision node.
+    pub(super) fn collision<K, V>(c: *const Collision<K, V>) -> Word {
+        Word::tagged(c as usize, COLL)
+    }
+
+    /// What the word holds.
+    pub(super) fn kind(self) -> Kind {
+        match self.0 & TAG_MASK {
+            _ if self.0 == 0 => Kind::Empty,
+            LEAF => Kind::Leaf,
+            INNER => Kind::Inner,
+            _ => Kind::Collision,
+        }
+    }
+
+    /// `true` for the empty slot.
+    pub(super) fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    fn addr(self) -> usize {
+        self.0 & !TAG_MASK
+    }
+
+    /// The entry of a leaf word.
+    pub(super) fn entry<K, V>(self) -> *const Entry<K, V> {
+        debug_assert_eq!(self.kind(), Kind::Leaf);
+        self.addr() as *const Entry<K, V>
+    }
+
+    /// The node of an inner word.
+    pub(super) fn inner_node(self) -> *const Inner {
+        debug_assert_eq!(self.kind(), Kind::Inner);
+        self.addr() as *const Inner
+    }
+
+    /// The node of a collision word.
+    pub(super) fn collision_node<K, V>(self) -> *const Collision<K, V> {
+        debug_assert_eq!(self.kind(), Kind::Collision);
+        self.addr() as *const Collision<K, V>
+    }
+
+    /// The word as a reference to what it points to.
+    ///
+    /// # Safety
+    /// Whatever the word points to stays allocated for `'a`: it is private to the caller, or the
+    /// word was loaded from the table while a guard was pinned that outlives `'a`.
+    pub(super) unsafe fn node<'a, K, V>(self) -> Node<'a, K, V> {
+        match self.kind() {
+            Kind::Empty => Node::Empty,
+            // SAFETY: per the contract the entry is allocated for 'a; the tag says it is one.
+            Kind::Leaf => Node::Leaf(unsafe { &*self.entry::<K, V>() }),
+            // SAFETY: as above, for an inner node.
+            Kind::Inner => Node::Inner(unsafe { &*self.inner_node() }),
+            // SAFETY: as above, for a collision node.
+            Kind::Collision => Node::Collision(unsafe { &*self.collision_node::<K, V>() }),
+        }
+    }
+}
+
+/// An atomic slot of the trie (a root slot or a slot of an inner node), holding a [`Word`].
+#[repr(transparent)]
+pub(super) struct Slot(AtomicUsize);
+
+impl Slot {
+    /// An empty slot.
+    pub(super) fn new() -> Slot {
+        Slot(AtomicUsize::new(0))
+    }
+
+    /// The word in the slot. Acquire when the caller will follow the pointer into a node
+    /// published by another thread.
+    pub(super) fn load(&self, order: Ordering) -> Word {
+        Word(self.0.load(order))
+    }
+
+    /// A plain store, only for slots of private (unpublished) nodes.
+    pub(super) fn store_private(&self, word: Word) {
+        self.0.store(word.0, Ordering::Relaxed)
+    }
+
+    /// `CAS(current -> new)`, `AcqRel` (publishes what `new` points to, acquires what the slot
+    /// held). Every change of a published slot goes through here.
+    pub(super) fn cas(&self, current: Word, new: Word) -> Result<(), Word> {
+        self.0
+            .compare_exchange(current.0, new.0, Ordering::AcqRel, Ordering::Acquire)
+            .map(drop)
+            .map_err(Word)
+    }
+}
+
+/// A *home word* names one slot of the table: [`Home::ROOT`] for the root slot of the hash at
+/// hand, else the address of an inner node ORed with the slot's index in it (inner nodes are
+/// 16-byte aligned, so the index fits in the low 4 bits). See "Home slots" in the module docs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) struct Home(usize);
+
+impl Home {
+    /// The root slot of the hash at hand.
+    pub(super) const ROOT: Home = Home(0);
+
+    /// The home of `slot`, a slot of `node` (`None`: a root slot).
+    pub(super) fn of(slot: &Slot, node: Option<&Inner>) -> Home {
+        match node {
+            None => Home::ROOT,
+            Some(n) => {
+                let base = n.slots.as_ptr() as usize;
+                let index = (slot as *const Slot as usize - base) / core::mem::size_of::<Slot>();
+                debug_assert!(index < FANOUT);
+                Home(n as *const Inner as usize | index)
+            }
+        }
+    }
+
+    /// The inner node this home names and the slot's index in it; `None` for [`Home::ROOT`].
+    pub(super) fn node(self) -> Option<(*const Inner, usize)> {
+        if self == Home::ROOT {
+            return None;
+        }
+        Some((
+            (self.0 & !(FANOUT - 1)) as *const Inner,
+            self.0 & (FANOUT - 1),
+        ))
+    }
+
+    /// The raw bits, for an atomic home cell.
+    pub(super) fn to_bits(self) -> usize {
+        self.0
+    }
+
+    /// A home from [`to_bits`](Self::to_bits).
+    pub(super) fn from_bits(bits: usize) -> Home {
+        Home(bits)
+    }
+}
