@@ -11,10 +11,14 @@
 //! A thread whose cache is gone (during its thread-local destructors) or busy falls back to the
 //! global allocator with the class's layout, so any block can always be freed either way.
 //!
-//! The depots are statics and are never emptied: the blocks they hold at process exit are
-//! bounded (64 magazines of 32 blocks per class) and returned to the system with the process.
-//! Blocks still in the main thread's cache at exit (its thread-local destructors need not run)
-//! show up in Miri's leak check; run this crate's tests under Miri with `-Zmiri-ignore-leaks`.
+//! The depots are statics, so they are never dropped; instead each depot counts the caches that
+//! use it and the last one to go (a thread's cache is dropped with its thread-local storage)
+//! frees every block the depot holds (`keyserial_core::recycle`, "When the depot gives its
+//! memory back"). While threads that used keyserial are alive the depots hold at most 64
+//! magazines of 32 blocks per class; once they have all ended, nothing. That is what keeps this
+//! crate's tests clean under Miri's leak check without `-Zmiri-ignore-leaks`. (A thread whose
+//! thread-local destructors never run, such as one still running at process exit, keeps its own
+//! two magazines and its depot users; the system takes them back with the process.)
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
