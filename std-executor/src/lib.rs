@@ -47,6 +47,8 @@ mod stats;
 mod supervisor;
 mod sync;
 mod task;
+#[cfg(test)]
+mod test_util;
 mod worker;
 
 pub mod distinct;
