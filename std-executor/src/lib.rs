@@ -34,6 +34,8 @@
 mod builder;
 mod capacity;
 mod error;
+#[cfg(test)]
+mod exec_tests;
 mod gate;
 mod handle;
 mod idle;
