@@ -160,7 +160,11 @@ fn submit_latest_supersedes_the_preceding_latest_task() {
     while drops.count() == 0 {
         std::thread::yield_now();
     }
-    assert_eq!(drops.count(), 1, "the superseded closure is dropped once, unrun");
+    assert_eq!(
+        drops.count(),
+        1,
+        "the superseded closure is dropped once, unrun"
+    );
     assert_eq!(new.join().unwrap(), 2);
     assert_eq!(older_plain.join().unwrap(), 0);
 

@@ -184,10 +184,8 @@ mod tests {
     fn check(p: NonNull<u8>, len: usize, v: u8) {
         // SAFETY: callers pass a block of at least `len` initialised bytes that they own.
         let bytes = unsafe { std::slice::from_raw_parts(p.as_ptr(), len) };
-        assert!(
-            bytes.iter().all(|&b| b == v),
-            "a block was overwritten while owned"
-        );
+        // One slice comparison (a memcmp, cheap under Miri) rather than a byte loop.
+        assert!(bytes == vec![v; len], "a block was overwritten while owned");
     }
 
     #[test]
@@ -262,7 +260,7 @@ mod tests {
     #[test]
     fn blocks_allocated_on_many_threads_are_freed_on_others() {
         let layout = Layout::new::<[u8; 200]>();
-        let (threads, per) = if cfg!(miri) { (3, 70) } else { (4, 1000) };
+        let (threads, per) = if cfg!(miri) { (2, 40) } else { (4, 1000) };
         let (tx, rx) = std::sync::mpsc::channel::<(Block, u8)>();
         let freer = std::thread::spawn(move || {
             let mut seen = 0;

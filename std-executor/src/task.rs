@@ -673,7 +673,7 @@ mod tests {
         check::<8>();
         check::<90>();
         check::<200>();
-        check::<2000>();
+        check::<600>();
 
         #[repr(align(64))]
         struct Wide([u8; 64]);
