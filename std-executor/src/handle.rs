@@ -179,3 +179,126 @@ impl<T> fmt::Debug for TaskHandle<T> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::{block_on, CountingWaker, Drops};
+
+    fn pair<T>() -> (Arc<JoinState<T>>, TaskHandle<T>) {
+        let state = JoinState::new();
+        let h = TaskHandle::new(state.clone());
+        (state, h)
+    }
+
+    #[test]
+    fn join_after_completion_returns_at_once() {
+        let (state, h) = pair();
+        assert!(!h.is_finished());
+        state.complete(Ok(String::from("done")));
+        assert!(h.is_finished());
+        assert_eq!(format!("{h:?}"), "TaskHandle { finished: true }");
+        assert_eq!(h.join().unwrap(), "done");
+    }
+
+    #[test]
+    fn join_waits_for_a_completion_on_another_thread() {
+        let (state, h) = pair();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let completer = std::thread::spawn(move || {
+            rx.recv().unwrap(); // the joiner is about to block
+            for _ in 0..3 {
+                std::thread::yield_now();
+            }
+            state.complete(Ok(vec![1u8, 2, 3]));
+        });
+        tx.send(()).unwrap();
+        assert_eq!(h.join().unwrap(), [1, 2, 3]);
+        completer.join().unwrap();
+    }
+
+    #[test]
+    fn a_joiner_on_another_thread_gets_an_error_outcome() {
+        let (state, h) = pair::<u8>();
+        let joiner = std::thread::spawn(move || h.join());
+        std::thread::yield_now();
+        state.complete(Err(TaskError::Superseded));
+        assert!(matches!(joiner.join().unwrap(), Err(TaskError::Superseded)));
+    }
+
+    #[test]
+    fn the_future_is_pending_then_woken_once_then_ready() {
+        let (state, mut h) = pair();
+        let (counter, waker) = CountingWaker::new();
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut h).poll(&mut cx).is_pending());
+        // Polling again with the same waker keeps it (one registration, one wake).
+        assert!(Pin::new(&mut h).poll(&mut cx).is_pending());
+        assert_eq!(counter.wakes(), 0);
+        state.complete(Ok(7u32));
+        assert_eq!(counter.wakes(), 1);
+        match Pin::new(&mut h).poll(&mut cx) {
+            Poll::Ready(r) => assert_eq!(r.unwrap(), 7),
+            Poll::Pending => panic!("completed handle still pending"),
+        }
+        assert_eq!(counter.wakes(), 1);
+    }
+
+    #[test]
+    fn only_the_latest_waker_is_woken() {
+        let (state, mut h) = pair::<()>();
+        let (first, w1) = CountingWaker::new();
+        let (second, w2) = CountingWaker::new();
+        assert!(Pin::new(&mut h)
+            .poll(&mut Context::from_waker(&w1))
+            .is_pending());
+        assert!(Pin::new(&mut h)
+            .poll(&mut Context::from_waker(&w2))
+            .is_pending());
+        state.complete(Err(TaskError::Cancelled));
+        assert_eq!((first.wakes(), second.wakes()), (0, 1));
+        let mut cx = Context::from_waker(&w2);
+        assert!(matches!(
+            Pin::new(&mut h).poll(&mut cx),
+            Poll::Ready(Err(TaskError::Cancelled))
+        ));
+    }
+
+    #[test]
+    fn block_on_a_handle_completed_by_another_thread() {
+        let (state, h) = pair();
+        let completer = std::thread::spawn(move || {
+            std::thread::yield_now();
+            state.complete(Ok(99u64));
+        });
+        let (r, polls) = block_on(h);
+        assert_eq!(r.unwrap(), 99);
+        assert!(polls >= 1);
+        completer.join().unwrap();
+    }
+
+    #[test]
+    fn a_handle_dropped_before_completion_drops_the_result_once() {
+        let drops = Drops::default();
+        let (state, h) = pair();
+        drop(h);
+        state.complete(Ok(drops.make(1)));
+        assert_eq!(drops.count(), 0, "kept in the slot until the state goes");
+        drop(state);
+        assert_eq!(drops.count(), 1);
+    }
+
+    #[test]
+    fn a_handle_dropped_after_completion_drops_the_result_once() {
+        let drops = Drops::default();
+        let (state, h) = pair();
+        let completer = std::thread::spawn({
+            let v = drops.make(2);
+            move || state.complete(Ok(v))
+        });
+        completer.join().unwrap();
+        assert!(h.is_finished());
+        drop(h);
+        assert_eq!(drops.count(), 1);
+    }
+}

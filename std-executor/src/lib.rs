@@ -152,6 +152,8 @@ mod builder;
 mod capacity;
 mod distinct;
 mod error;
+#[cfg(test)]
+mod exec_tests;
 mod gate;
 mod handle;
 mod idle;
@@ -168,6 +170,8 @@ mod stats;
 mod supervisor;
 mod sync;
 mod task;
+#[cfg(test)]
+mod test_util;
 mod worker;
 
 pub use builder::Builder;

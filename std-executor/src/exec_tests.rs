@@ -1,0 +1,307 @@
+//! Whole-`Serializer` tests at tiny sizes, so that Miri drives the task nodes, handles, key
+//! entries and recycling caches through the real worker threads: submit and join, panics,
+//! `shutdown_now` hand-backs, `submit_latest` superseding, permit-gated tasks, idle release.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::test_util::{block_on, payload, quiet_panic, Drops, Quiet};
+use crate::{Builder, RejectReason, Semaphore, Serializer, TaskError, TaskHandle};
+
+/// Keys and tasks per key: tiny under Miri, where every step is interpreted.
+const KEYS: u32 = if cfg!(miri) { 3 } else { 16 };
+const PER_KEY: u32 = if cfg!(miri) { 4 } else { 50 };
+
+fn serializer(workers: usize) -> Serializer<u32> {
+    Builder::new().workers(workers).build().unwrap()
+}
+
+/// Occupies `key` with a task that waits for a go; returns once it has started.
+fn block_key(s: &Serializer<u32>, key: u32) -> (Sender<()>, TaskHandle<()>) {
+    let (started_tx, started_rx) = channel();
+    let (go_tx, go_rx): (Sender<()>, Receiver<()>) = channel();
+    let h = s
+        .submit(key, move || {
+            started_tx.send(()).unwrap();
+            go_rx.recv().ok();
+        })
+        .unwrap();
+    started_rx.recv().unwrap();
+    (go_tx, h)
+}
+
+#[test]
+fn submit_and_join_keep_each_keys_order() {
+    let s = serializer(2);
+    let log: Arc<Mutex<Vec<(u32, u32)>>> = Arc::default();
+    let mut handles = Vec::new();
+    for i in 0..PER_KEY {
+        for k in 0..KEYS {
+            let log = log.clone();
+            handles.push((
+                k * 1000 + i,
+                s.submit(k, move || {
+                    log.lock().unwrap().push((k, i));
+                    k * 1000 + i
+                })
+                .unwrap(),
+            ));
+        }
+    }
+    for (want, h) in handles {
+        assert_eq!(h.join().unwrap(), want);
+    }
+    let log = log.lock().unwrap();
+    assert_eq!(log.len(), (KEYS * PER_KEY) as usize);
+    for k in 0..KEYS {
+        let order: Vec<u32> = log.iter().filter(|e| e.0 == k).map(|e| e.1).collect();
+        assert_eq!(
+            order,
+            (0..PER_KEY).collect::<Vec<_>>(),
+            "key {k} out of order"
+        );
+    }
+    drop(log);
+    let stats = s.stats();
+    assert_eq!(stats.completed, u64::from(KEYS * PER_KEY));
+    assert_eq!(stats.panicked, 0);
+}
+
+#[test]
+fn a_panic_fails_only_its_handle_and_the_key_goes_on() {
+    let s = serializer(1);
+    let before = s.submit(1, || 1).unwrap();
+    let bad = s.submit(1, || -> u32 { quiet_panic(11) }).unwrap();
+    let after = s.submit(1, || 3).unwrap();
+    let other = s.submit(2, || 4).unwrap();
+    assert_eq!(before.join().unwrap(), 1);
+    assert_eq!(
+        payload(bad.join().unwrap_err()).downcast_ref::<Quiet>(),
+        Some(&Quiet(11))
+    );
+    assert_eq!(after.join().unwrap(), 3);
+    assert_eq!(other.join().unwrap(), 4);
+    assert_eq!(s.stats().panicked, 1);
+    // A detached panicking task is counted too.
+    s.execute(1, || quiet_panic(12)).unwrap();
+    s.shutdown();
+    assert!(s.await_termination(Duration::from_secs(60)));
+    assert_eq!(s.stats().panicked, 2);
+}
+
+#[test]
+fn shutdown_now_hands_back_tasks_whose_handles_resolve_cancelled_when_dropped() {
+    let s = serializer(1);
+    let (go, blocker) = block_key(&s, 0);
+    let drops = Drops::default();
+    let dropped = {
+        let c = drops.make(1);
+        s.submit(1, move || {
+            let c = c;
+            c.1
+        })
+        .unwrap()
+    };
+    let run_later = s.submit(1, || "ran on the caller").unwrap();
+    let unkeyed = s.spawn(|| 5u8).unwrap();
+    let queued_behind = s.submit(0, || 6u8).unwrap();
+
+    let mut pending = s.shutdown_now();
+    assert_eq!(pending.len(), 4);
+    let mut keys: Vec<Option<u32>> = pending.iter().map(|p| p.key().copied()).collect();
+    keys.sort();
+    assert_eq!(keys, [None, Some(0), Some(1), Some(1)]);
+    // Key 1's tasks come back in submission order.
+    let first_of_1 = pending.iter().position(|p| p.key() == Some(&1)).unwrap();
+    drop(pending.remove(first_of_1));
+    assert_eq!(
+        drops.count(),
+        1,
+        "the dropped task's closure is dropped, unrun"
+    );
+    assert!(matches!(dropped.join(), Err(TaskError::Cancelled)));
+    let second_of_1 = pending.iter().position(|p| p.key() == Some(&1)).unwrap();
+    pending.remove(second_of_1).run();
+    assert_eq!(run_later.join().unwrap(), "ran on the caller");
+    drop(pending);
+    assert!(matches!(unkeyed.join(), Err(TaskError::Cancelled)));
+    assert!(matches!(queued_behind.join(), Err(TaskError::Cancelled)));
+
+    let refused = s.submit(3, || ()).unwrap_err();
+    assert_eq!(refused.reason, RejectReason::Shutdown);
+    go.send(()).unwrap();
+    blocker.join().unwrap();
+    assert!(s.await_termination(Duration::from_secs(60)));
+    assert!(s.is_terminated());
+}
+
+#[test]
+fn submit_latest_supersedes_the_preceding_latest_task() {
+    let s = serializer(1);
+    let (go, blocker) = block_key(&s, 7);
+    let drops = Drops::default();
+    let old = {
+        let c = drops.make(1);
+        s.submit_latest(7, move || {
+            let c = c;
+            c.1
+        })
+        .unwrap()
+    };
+    let older_plain = s.submit(8, || 0u64).unwrap();
+    let new = s.submit_latest(7, || 2u64).unwrap();
+    go.send(()).unwrap();
+    blocker.join().unwrap();
+    assert!(matches!(old.join(), Err(TaskError::Superseded)));
+    // `Joined::abandon` resolves the handle first and drops the closure just after, on the
+    // worker: wait for it.
+    while drops.count() == 0 {
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        drops.count(),
+        1,
+        "the superseded closure is dropped once, unrun"
+    );
+    assert_eq!(new.join().unwrap(), 2);
+    assert_eq!(older_plain.join().unwrap(), 0);
+
+    // A plain submit in between ends the coalescing: both latest tasks run.
+    let (go, blocker) = block_key(&s, 7);
+    let a = s.submit_latest(7, || 'a').unwrap();
+    let b = s.submit(7, || 'b').unwrap();
+    let c = s.submit_latest(7, || 'c').unwrap();
+    go.send(()).unwrap();
+    blocker.join().unwrap();
+    assert_eq!(
+        (a.join().unwrap(), b.join().unwrap(), c.join().unwrap()),
+        ('a', 'b', 'c')
+    );
+}
+
+#[test]
+fn a_full_serializer_hands_the_closure_back() {
+    let s: Serializer<u32> = Builder::new().workers(1).capacity(1).build().unwrap();
+    let (go, blocker) = block_key(&s, 1);
+    let queued = s.try_submit(1, || 10).unwrap();
+    let drops = Drops::default();
+    let c = drops.make(5);
+    let full = s
+        .try_submit(2, move || {
+            let c = c;
+            c.1
+        })
+        .unwrap_err();
+    assert_eq!(full.reason, RejectReason::Full);
+    assert_eq!(drops.count(), 0, "the closure comes back whole");
+    assert_eq!((full.task)(), 5);
+    assert_eq!(drops.count(), 1);
+    go.send(()).unwrap();
+    blocker.join().unwrap();
+    assert_eq!(queued.join().unwrap(), 10);
+    assert_eq!(s.stats().rejected, 1);
+}
+
+#[test]
+fn handles_are_futures_and_joinable_from_other_threads() {
+    let s = Arc::new(serializer(2));
+    let h = s.spawn(|| String::from("unkeyed")).unwrap();
+    let (r, _polls) = block_on(h);
+    assert_eq!(r.unwrap(), "unkeyed");
+
+    let (go, blocker) = block_key(&s, 1);
+    let h = s.submit(1, || 21 * 2).unwrap();
+    let joiner = std::thread::spawn(move || h.join().unwrap());
+    let waiting = s.submit(1, || 1).unwrap();
+    let poller = std::thread::spawn(move || block_on(waiting).0.unwrap());
+    go.send(()).unwrap();
+    blocker.join().unwrap();
+    assert_eq!(joiner.join().unwrap(), 42);
+    assert_eq!(poller.join().unwrap(), 1);
+
+    // A task submitting to its own serializer is admitted and its handle joinable outside.
+    let inner = s.clone();
+    let outer = s
+        .submit(2, move || inner.submit(3, || "nested").unwrap())
+        .unwrap();
+    assert_eq!(outer.join().unwrap().join().unwrap(), "nested");
+}
+
+#[test]
+fn permit_gated_tasks_hold_their_permits_while_they_run() {
+    let s = serializer(2);
+    let sem = Semaphore::new(1);
+    let held = sem.try_acquire(1).unwrap();
+    let handles: Vec<_> = (0..3)
+        .map(|k| {
+            let inside = sem.clone();
+            s.submit_with_permits(k, &sem, 1, move || inside.available())
+                .unwrap()
+        })
+        .collect();
+    let too_many = s.submit_with_permits(9, &sem, 2, || 0).unwrap_err();
+    assert_eq!(too_many.reason, RejectReason::TooManyPermits);
+    // None can start while the test holds the only permit.
+    assert!(handles.iter().all(|h| !h.is_finished()));
+    drop(held);
+    for h in handles {
+        assert_eq!(h.join().unwrap(), 0, "ran holding the permit");
+    }
+    assert_eq!(sem.available(), 1);
+}
+
+#[test]
+fn idle_keys_are_released_and_their_entries_freed() {
+    let s: Serializer<u32> = Builder::new()
+        .workers(2)
+        .key_idle_timeout(Duration::ZERO)
+        .build()
+        .unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    for round in 0..2 {
+        let handles: Vec<_> = (0..KEYS * 2)
+            .map(|k| {
+                let ran = ran.clone();
+                s.submit(k, move || ran.fetch_add(1, Ordering::SeqCst))
+                    .unwrap()
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            ((round + 1) * KEYS * 2) as usize
+        );
+    }
+    // Distinct tasks too: one queued per key.
+    let (go, blocker) = block_key(&s, 100);
+    let first = s.submit_distinct(100, || 1).unwrap();
+    let dup = s.submit_distinct(100, || 2).unwrap_err();
+    assert_eq!(dup.reason, RejectReason::Duplicate);
+    go.send(()).unwrap();
+    blocker.join().unwrap();
+    assert_eq!(first.join().unwrap(), 1);
+}
+
+#[test]
+fn dropping_the_serializer_runs_its_queued_tasks() {
+    let ran = Arc::new(AtomicUsize::new(0));
+    let s = serializer(1);
+    let (go, blocker) = block_key(&s, 0);
+    for k in 0..KEYS {
+        for _ in 0..PER_KEY {
+            let ran = ran.clone();
+            s.execute(k, move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+        }
+    }
+    go.send(()).unwrap();
+    drop(s);
+    blocker.join().unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), (KEYS * PER_KEY) as usize);
+}
