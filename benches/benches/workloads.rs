@@ -3,8 +3,9 @@
 //! Benchmark ids are `<workload>/<executor>`, e.g. `w2_overhead/keyserial` or
 //! `w6_scale_10k/striped`, stable across runs so that `--save-baseline` / `--baseline` compare
 //! like with like. The measured time is the workload's wall time (first submit to last finish);
-//! building and dropping the executor is not timed. Every run is order-checked and panics on a
-//! violation or a lost task.
+//! building and dropping the executor is not timed. Tasks are passed as closures
+//! ([`Mode::Closure`]); the compare program also runs the pre-boxed mode. Every run is
+//! order-checked and panics on a violation or a lost task.
 //!
 //! `cargo bench -p keyserial-benches --bench workloads -- --quick` takes a couple of minutes.
 
@@ -13,7 +14,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use keyserial_benches::contenders::{default_workers, Contender, Visit};
 use keyserial_benches::exec::KeyedExecutor;
-use keyserial_benches::workloads::{Size, Workload};
+use keyserial_benches::workloads::{Mode, Size, Workload};
 
 struct Timed<'a> {
     w: &'a Workload,
@@ -26,7 +27,7 @@ impl Visit for Timed<'_> {
     fn visit<E: KeyedExecutor>(self, exec: &E) -> Duration {
         let mut total = Duration::ZERO;
         for _ in 0..self.iters {
-            let out = self.w.run(exec, Duration::from_secs(60));
+            let out = self.w.run(exec, Mode::Closure, Duration::from_secs(60));
             assert!(
                 out.all_ran(),
                 "{} on {}: {} of {} tasks ran",

@@ -131,6 +131,20 @@ impl Contender {
         self != Contender::Unordered
     }
 
+    /// Whether keyserial's ratios are taken against this contender: the ordered designs people
+    /// write by hand (thread per key, lanes, striped, tokio actors). Not keyserial's own rows, not
+    /// `inline` (the work's own cost), not the unordered pool (no order).
+    pub fn is_ordered_baseline(self) -> bool {
+        matches!(
+            self,
+            Contender::ThreadPerKey
+                | Contender::Lanes1x
+                | Contender::Lanes4x
+                | Contender::Striped
+                | Contender::TokioActor
+        )
+    }
+
     /// Why the contender is not run on `w`, if it is not.
     pub fn skip_reason(self, w: &Workload) -> Option<String> {
         match self {

@@ -2,7 +2,8 @@
 //!
 //! [`KeyedExecutor::submit`] is generic over the closure, so an executor that can take a closure as it
 //! is (keyserial's `execute(key, F)`) does not pay for a `Box` that the hand-rolled baselines need
-//! for their queues ([`Task`]). Waiting for completion is the same for every executor: each one
+//! for their queues ([`Task`]); [`KeyedExecutor::submit_boxed`] is the other way in, the same
+//! pre-boxed task for everyone. Waiting for completion is the same for every executor: each one
 //! counts submitted and completed tasks in a [`Completion`], a sharded pair of counters that costs a
 //! thread-local, uncontended increment on each side of a task.
 
@@ -50,6 +51,16 @@ pub trait KeyedExecutor: Send + Sync {
     fn submit<F>(&self, key: u64, task: F)
     where
         F: FnOnce() + Send + 'static;
+
+    /// Submits an already boxed `task` under `key` (the compare program's boxed mode, where every
+    /// contender gets the same `Box<dyn FnOnce() + Send>`, built before the timing starts).
+    ///
+    /// The default passes the box to [`submit`](Self::submit) as the closure it is (keyserial's
+    /// adapter, the inline row); executors that queue [`Task`]s override it to queue the box itself
+    /// rather than box it again.
+    fn submit_boxed(&self, key: u64, task: Task) {
+        self.submit(key, task);
+    }
 
     /// Waits until every task submitted so far has finished; `false` if `timeout` passed first.
     ///

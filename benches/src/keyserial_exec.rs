@@ -3,7 +3,9 @@
 //! It uses only the public API contract (DESIGN.md section 3): `Serializer::builder()`,
 //! `.workers(n)`, `.capacity(c)` (the bounded row only), `.build()` and `execute(key, closure)`.
 //! The closure is passed on as it is, wrapped only to count its completion: no `Box` (keyserial's
-//! own allocation per task is part of what is measured).
+//! own allocation per task is part of what is measured). In the boxed mode the closure is the
+//! pre-boxed `Task` itself, passed to `execute` the same way (the default
+//! [`KeyedExecutor::submit_boxed`]).
 //! Waiting for idle uses the same [`Completion`] counters as every baseline.
 
 use std::sync::Arc;

@@ -63,9 +63,14 @@ impl KeyedExecutor for Lanes {
     where
         F: FnOnce() + Send + 'static,
     {
+        self.submit_boxed(key, Box::new(task));
+    }
+
+    #[inline]
+    fn submit_boxed(&self, key: u64, task: Task) {
         self.done.submitted();
         let lane = &self.senders[bucket(key, self.senders.len())];
-        if lane.send(Box::new(task)).is_err() {
+        if lane.send(task).is_err() {
             self.done.completed();
         }
     }

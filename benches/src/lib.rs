@@ -7,7 +7,8 @@
 //!   pool), [`tokio_actor`] (an actor per key), [`unordered`] (a plain pool: the floor of a handoff,
 //!   not a serializer).
 //! - [`workloads`]: W1–W6, every task checked by the [`checker`] for per-key order and overlap.
-//! - [`zipf`], [`rss`], [`work`]: the samplers and task bodies the workloads use.
+//! - [`rss`], [`work`]: the RSS sampler and task bodies the workloads use (W5's Zipf keys come
+//!   from `rand_distr`).
 //!
 //! The `compare` binary runs everything and prints the tables; `benches/` holds the criterion
 //! suite.
@@ -25,4 +26,3 @@ pub mod tokio_actor;
 pub mod unordered;
 pub mod work;
 pub mod workloads;
-pub mod zipf;

@@ -88,12 +88,17 @@ impl KeyedExecutor for Striped {
         "striped".into()
     }
 
+    #[inline]
     fn submit<F>(&self, key: u64, task: F)
     where
         F: FnOnce() + Send + 'static,
     {
+        self.submit_boxed(key, Box::new(task));
+    }
+
+    #[inline]
+    fn submit_boxed(&self, key: u64, task: Task) {
         self.shared.done.submitted();
-        let task: Task = Box::new(task);
         let schedule = {
             let mut queues = self.shared.queues.lock().unwrap();
             match queues.entry(key) {

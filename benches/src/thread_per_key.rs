@@ -53,12 +53,17 @@ impl KeyedExecutor for ThreadPerKey {
         "thread_per_key".into()
     }
 
+    #[inline]
     fn submit<F>(&self, key: u64, task: F)
     where
         F: FnOnce() + Send + 'static,
     {
+        self.submit_boxed(key, Box::new(task));
+    }
+
+    #[inline]
+    fn submit_boxed(&self, key: u64, task: Task) {
         self.done.submitted();
-        let task: Task = Box::new(task);
         let mut inner = self.inner.lock().unwrap();
         let Inner { senders, threads } = &mut *inner;
         let tx = senders.entry(key).or_insert_with(|| {

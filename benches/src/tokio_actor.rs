@@ -51,12 +51,17 @@ impl KeyedExecutor for TokioActor {
         "tokio_actor".into()
     }
 
+    #[inline]
     fn submit<F>(&self, key: u64, task: F)
     where
         F: FnOnce() + Send + 'static,
     {
+        self.submit_boxed(key, Box::new(task));
+    }
+
+    #[inline]
+    fn submit_boxed(&self, key: u64, task: Task) {
         self.done.submitted();
-        let task: Task = Box::new(task);
         let mut shard = self.shards[bucket(key, SHARDS)].lock().unwrap();
         let tx = shard.entry(key).or_insert_with(|| {
             let (tx, mut rx) = unbounded_channel::<Task>();

@@ -58,13 +58,18 @@ impl KeyedExecutor for Unordered {
     }
 
     #[inline]
-    fn submit<F>(&self, _key: u64, task: F)
+    fn submit<F>(&self, key: u64, task: F)
     where
         F: FnOnce() + Send + 'static,
     {
+        self.submit_boxed(key, Box::new(task));
+    }
+
+    #[inline]
+    fn submit_boxed(&self, _key: u64, task: Task) {
         self.done.submitted();
         if let Some(tx) = &self.tx {
-            if let Err(e) = tx.send(Box::new(task)) {
+            if let Err(e) = tx.send(task) {
                 drop(e);
                 self.done.completed();
             }

@@ -11,11 +11,18 @@
 //! | `w2_overhead` | 1,000 keys × 1,000 empty tasks, round-robin, one submitting thread. Tasks/s. |
 //! | `w3_many_keys` | 1,000,000 distinct keys × 1 empty task. Tasks/s and the peak RSS growth during the run. |
 //! | `w4_head_of_line` | 1 slow key (100 tasks sleeping 5 ms each) interleaved with 1,000 fast keys × 20 empty tasks, all submitted at once. p50/p99/max submit-to-start latency of the fast tasks. |
-//! | `w5_skew` | 2,000,000 tasks of ~1 µs on Zipf(1.1)-distributed keys over 100,000 keys, from 2 submitting threads at once. Tasks/s and submit-to-start latency. |
+//! | `w5_skew` | 4 producer threads × 250,000 tasks at once; each producer owns 25,000 of the 100,000 keys and draws its keys from Zipf(1.0) over them; each task does 100 relaxed `fetch_add`s. Tasks/s and submit-to-start latency. |
 //! | `w6_scale_*` | W2's shape (empty tasks, round-robin, one submitter) over 1 k, 100 k and 1 M distinct keys, 2 M tasks each (at least 2 per key): how the cost per task grows with the number of keys in play. |
 //!
 //! Those are the issue's sizes ([`Size::Full`]); [`Size::Default`] cuts W1, W5 and W6 so that the
 //! compare program's default run stays near 2 minutes on 2 cores.
+//!
+//! Every workload runs in two [`Mode`]s: each task a closure handed to the executor's generic
+//! `submit` (keyserial takes it as it is, the baselines box it inside `submit`, timed), or every
+//! task boxed as a `Box<dyn FnOnce() + Send>` before the timing starts and handed to
+//! `submit_boxed`: the same pre-boxed task for every contender. Both modes run the same task
+//! bodies; submit-to-start latencies are measured the same way in both (the submitter stamps the
+//! task's slot right before its submit).
 //!
 //! Submission is a burst (as fast as the submitter can go), so latencies include queueing behind
 //! earlier tasks; what W4 shows is whose fast tasks wait behind the slow key.
@@ -24,11 +31,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use crate::checker::{Checker, MAX_LANES};
+use crate::checker::Checker;
+use crate::exec::Task;
 use crate::exec::{KeyedExecutor, OrderGuarantee, StaticRef};
 use crate::rss::RssSampler;
 use crate::work;
-use crate::zipf::{XorShift, Zipf};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use rand_distr::{Distribution, Zipf};
 
 /// How a metric is shown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,7 +107,7 @@ pub enum Size {
     /// The issue's exact sizes (the compare program's `--full`; several minutes on 2 cores).
     Full,
     /// The compare program's default (about 2 minutes on 2 cores): the issue's sizes, except W1
-    /// (16 × 5,000 tasks), W5 (200 k tasks) and W6 (1 M tasks per point).
+    /// (16 × 5,000 tasks), W5 (4 × 50 k tasks) and W6 (1 M tasks per point).
     Default,
     /// The compare program's `--quick`.
     Quick,
@@ -144,18 +154,19 @@ pub enum Workload {
         /// Empty tasks per fast key.
         fast_tasks_per_key: u32,
     },
-    /// W5: Zipf-distributed keys from several submitting threads.
+    /// W5: several producer threads at once, each owning a share of the keys and drawing its
+    /// keys from a Zipf distribution over its share.
     Skew {
-        /// Number of keys.
+        /// Number of keys, split evenly over the producers.
         keys: usize,
-        /// Total tasks (split evenly over the submitters).
-        tasks: u64,
-        /// Submitting threads (at most [`MAX_LANES`]).
-        submitters: usize,
+        /// Producer (submitting) threads.
+        producers: usize,
+        /// Tasks each producer submits.
+        tasks_per_producer: u64,
         /// Zipf exponent.
         exponent: f64,
-        /// Work per task.
-        work: Duration,
+        /// Relaxed `fetch_add`s per task.
+        adds: u32,
     },
 }
 
@@ -250,21 +261,22 @@ impl Workload {
         }
     }
 
-    /// W5 (`Full`: 2 M tasks of ~1 µs, Zipf(1.1) over 100,000 keys, 2 submitters).
+    /// W5 (`Full`: 4 producers × 250,000 tasks, each owning 25,000 of 100,000 keys drawn
+    /// Zipf(1.0), 100 relaxed `fetch_add`s per task).
     pub fn w5(size: Size) -> Self {
-        let (keys, tasks) = match size {
-            Size::Full => (100_000, 2_000_000),
-            Size::Default => (100_000, 200_000),
-            Size::Quick => (100_000, 50_000),
-            Size::Bench => (10_000, 20_000),
-            Size::Tiny => (100, 2_000),
+        let (keys, tasks_per_producer) = match size {
+            Size::Full => (100_000, 250_000),
+            Size::Default => (100_000, 50_000),
+            Size::Quick => (100_000, 12_500),
+            Size::Bench => (10_000, 5_000),
+            Size::Tiny => (400, 500),
         };
         Workload::Skew {
             keys,
-            tasks,
-            submitters: 2,
-            exponent: 1.1,
-            work: Duration::from_micros(1),
+            producers: 4,
+            tasks_per_producer,
+            exponent: 1.0,
+            adds: 100,
         }
     }
 
@@ -366,17 +378,19 @@ impl Workload {
             ),
             Workload::Skew {
                 keys,
-                tasks,
-                submitters,
+                producers,
+                tasks_per_producer,
                 exponent,
-                work,
+                adds,
             } => format!(
-                "W5 skew: {} tasks of ~{} us, Zipf({}) over {} keys, {} submitters",
-                fmt_count(*tasks),
-                work.as_micros(),
-                exponent,
+                "W5 skew: {} producers x {} tasks, each owning {} of {} keys drawn Zipf({:.1}), \
+                 {} relaxed fetch_add each",
+                producers,
+                fmt_count(*tasks_per_producer),
+                fmt_count((*keys / *producers) as u64),
                 fmt_count(*keys as u64),
-                submitters
+                exponent,
+                adds
             ),
         }
     }
@@ -411,7 +425,11 @@ impl Workload {
                 fast_tasks_per_key,
                 ..
             } => u64::from(*slow_tasks) + fast_keys * u64::from(*fast_tasks_per_key),
-            Workload::Skew { tasks, .. } => *tasks,
+            Workload::Skew {
+                producers,
+                tasks_per_producer,
+                ..
+            } => *producers as u64 * tasks_per_producer,
         }
     }
 
@@ -465,20 +483,41 @@ impl Workload {
         Some(elapsed)
     }
 
-    /// Runs the workload once on `exec`, waiting at most `timeout` for the tasks to finish.
-    pub fn run<E: KeyedExecutor>(&self, exec: &E, timeout: Duration) -> Outcome {
+    /// Runs the workload once on `exec` in `mode`, waiting at most `timeout` for the tasks to
+    /// finish.
+    pub fn run<E: KeyedExecutor>(&self, exec: &E, mode: Mode, timeout: Duration) -> Outcome {
         match *self {
             Workload::Gatling {
                 keys,
                 tasks_per_key,
                 adds,
-            } => round_robin(exec, keys, tasks_per_key, Some(adds), false, timeout),
+            } => round_robin(
+                exec,
+                mode,
+                keys,
+                tasks_per_key,
+                move || {
+                    work::gatling(adds);
+                },
+                Layout::WallRate,
+                timeout,
+            ),
             Workload::Overhead {
                 keys,
                 tasks_per_key,
                 ..
-            } => round_robin(exec, keys, tasks_per_key, None, false, timeout),
-            Workload::ManyKeys { keys } => round_robin(exec, keys, 1, None, true, timeout),
+            } => round_robin(
+                exec,
+                mode,
+                keys,
+                tasks_per_key,
+                || (),
+                Layout::RateWall,
+                timeout,
+            ),
+            Workload::ManyKeys { keys } => {
+                round_robin(exec, mode, keys, 1, || (), Layout::RateRss, timeout)
+            }
             Workload::HeadOfLine {
                 slow_tasks,
                 slow_sleep,
@@ -486,6 +525,7 @@ impl Workload {
                 fast_tasks_per_key,
             } => head_of_line(
                 exec,
+                mode,
                 slow_tasks,
                 slow_sleep,
                 fast_keys,
@@ -494,11 +534,109 @@ impl Workload {
             ),
             Workload::Skew {
                 keys,
-                tasks,
-                submitters,
+                producers,
+                tasks_per_producer,
                 exponent,
-                work,
-            } => skew(exec, keys, tasks, submitters, exponent, work, timeout),
+                adds,
+            } => skew(
+                exec,
+                mode,
+                keys,
+                producers,
+                tasks_per_producer as usize,
+                exponent,
+                adds,
+                timeout,
+            ),
+        }
+    }
+}
+
+/// How the tasks reach the executor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Each task is a closure handed to the executor's generic [`KeyedExecutor::submit`]:
+    /// keyserial's `execute` takes it as it is, the baselines box it inside `submit` (timed).
+    Closure,
+    /// Every task is boxed as a [`Task`] (`Box<dyn FnOnce() + Send>`) before the timing starts
+    /// and handed to [`KeyedExecutor::submit_boxed`]: the same pre-boxed task for every contender.
+    Boxed,
+}
+
+impl Mode {
+    /// Both modes, closure first.
+    pub const ALL: [Mode; 2] = [Mode::Closure, Mode::Boxed];
+
+    /// Stable id (`closure`, `boxed`).
+    pub fn id(self) -> &'static str {
+        match self {
+            Mode::Closure => "closure",
+            Mode::Boxed => "boxed",
+        }
+    }
+
+    /// One line on what the mode is.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Mode::Closure => {
+                "each task a closure passed to submit (keyserial takes it as is, baselines box it)"
+            }
+            Mode::Boxed => {
+                "every task a Box<dyn FnOnce() + Send> built before the timing, the same for all"
+            }
+        }
+    }
+}
+
+/// Marks no task (see [`Batch::submit`]).
+const NO_MARK: usize = usize::MAX;
+
+/// One submitting thread's tasks, as `(key, mark, task)` items: made as they are submitted
+/// ([`Mode::Closure`]) or all boxed up front ([`Mode::Boxed`]).
+struct Batch<I> {
+    lazy: Option<I>,
+    boxed: Vec<(u64, usize, Task)>,
+}
+
+impl<I, T> Batch<I>
+where
+    I: Iterator<Item = (u64, usize, T)>,
+    T: FnOnce() + Send + 'static,
+{
+    /// Boxes every task now in [`Mode::Boxed`]; keeps the iterator for later otherwise.
+    fn new(mode: Mode, items: I) -> Self {
+        match mode {
+            Mode::Closure => Batch {
+                lazy: Some(items),
+                boxed: Vec::new(),
+            },
+            Mode::Boxed => Batch {
+                lazy: None,
+                boxed: items
+                    .map(|(key, mark, task)| (key, mark, Box::new(task) as Task))
+                    .collect(),
+            },
+        }
+    }
+
+    /// Submits every task to `exec`, calling `mark(m)` right before the submit of an item whose
+    /// mark is not [`NO_MARK`]. The boxed mode's buffer is kept (empty), so that its caller can
+    /// free it after the timing.
+    #[inline]
+    fn submit<E: KeyedExecutor>(&mut self, exec: &E, mark: impl Fn(usize)) {
+        if let Some(items) = self.lazy.take() {
+            for (key, m, task) in items {
+                if m != NO_MARK {
+                    mark(m);
+                }
+                exec.submit(key, task);
+            }
+        }
+        for (key, m, task) in self.boxed.drain(..) {
+            if m != NO_MARK {
+                mark(m);
+            }
+            exec.submit_boxed(key, task);
         }
     }
 }
@@ -515,53 +653,57 @@ struct Plain {
     chk: Checker,
 }
 
-/// W1, W2, W3, W6: `keys` × `per_key` tasks, round-robin over keys.
-fn round_robin<E: KeyedExecutor>(
+/// Which values a round-robin run reports, in [`Workload::metrics`] order.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// W1: wall time, tasks/s.
+    WallRate,
+    /// W2, W6: tasks/s, wall time.
+    RateWall,
+    /// W3: tasks/s, peak RSS growth.
+    RateRss,
+}
+
+/// W1, W2, W3, W6: `keys` × `per_key` tasks, round-robin over keys, each running `body`.
+fn round_robin<E, B>(
     exec: &E,
+    mode: Mode,
     keys: u64,
     per_key: u32,
-    adds: Option<u32>,
-    measure_rss: bool,
+    body: B,
+    layout: Layout,
     timeout: Duration,
-) -> Outcome {
+) -> Outcome
+where
+    E: KeyedExecutor,
+    B: Fn() + Copy + Send + 'static,
+{
     let state = Box::new(Plain {
         chk: Checker::new(keys as usize),
     });
     // SAFETY: `state` lives until every task finished (or is leaked by `release`).
     let r = unsafe { StaticRef::new(&*state) };
-    let sampler = measure_rss.then(|| RssSampler::start(Duration::from_millis(2)));
+    let items = (0..per_key).flat_map(move |seq| {
+        (0..keys).map(move |key| (key, NO_MARK, move || r.chk.run(key, 0, seq, body)))
+    });
+    let mut batch = Batch::new(mode, items);
+    // Started after the boxing: in the boxed mode the growth leaves out the tasks' own boxes.
+    let sampler =
+        matches!(layout, Layout::RateRss).then(|| RssSampler::start(Duration::from_millis(2)));
     let t0 = Instant::now();
-    match adds {
-        Some(adds) => {
-            for seq in 0..per_key {
-                for key in 0..keys {
-                    exec.submit(key, move || {
-                        r.chk.run(key, 0, seq, || {
-                            work::gatling(adds);
-                        })
-                    });
-                }
-            }
-        }
-        None => {
-            for seq in 0..per_key {
-                for key in 0..keys {
-                    exec.submit(key, move || r.chk.run(key, 0, seq, || ()));
-                }
-            }
-        }
-    }
+    batch.submit(exec, |_| ());
     let finished = exec.wait_idle(timeout);
     let elapsed = t0.elapsed();
+    drop(batch);
     let st = &*state;
     let peak = sampler.map(RssSampler::stop);
     let tasks = keys * u64::from(per_key);
     let rate = tasks as f64 / elapsed.as_secs_f64();
     let wall = elapsed.as_nanos() as f64;
-    let values = match (adds, measure_rss) {
-        (Some(_), _) => vec![wall, rate],
-        (None, true) => vec![rate, peak.unwrap_or(0) as f64],
-        (None, false) => vec![rate, wall],
+    let values = match layout {
+        Layout::WallRate => vec![wall, rate],
+        Layout::RateRss => vec![rate, peak.unwrap_or(0) as f64],
+        Layout::RateWall => vec![rate, wall],
     };
     let out = Outcome {
         elapsed,
@@ -575,19 +717,26 @@ fn round_robin<E: KeyedExecutor>(
     out
 }
 
+/// State of a run that measures submit-to-start latencies: the submitter stamps a task's slot in
+/// `sub` right before its submit, the task stamps `start` when it starts. The two arrays are
+/// written by different threads (submitters, workers) and read only after the run, so the
+/// measurement shares no cache line between a submitter and a worker.
 struct Timed {
     chk: Checker,
     t0: Instant,
-    lat: Box<[AtomicU64]>,
+    sub: Box<[AtomicU64]>,
+    start: Box<[AtomicU64]>,
 }
 
 impl Timed {
     fn new(keys: usize, samples: usize) -> Self {
-        let lat: Box<[AtomicU64]> = (0..samples).map(|_| AtomicU64::new(u64::MAX)).collect();
+        let stamps =
+            || -> Box<[AtomicU64]> { (0..samples).map(|_| AtomicU64::new(u64::MAX)).collect() };
         Timed {
             chk: Checker::new(keys),
             t0: Instant::now(),
-            lat,
+            sub: stamps(),
+            start: stamps(),
         }
     }
 
@@ -596,18 +745,28 @@ impl Timed {
         self.t0.elapsed().as_nanos() as u64
     }
 
+    /// Task `i` is about to be submitted.
     #[inline]
-    fn record(&self, i: usize, submitted_at: u64) {
-        self.lat[i].store(self.now().saturating_sub(submitted_at), Ordering::Relaxed);
+    fn mark(&self, i: usize) {
+        self.sub[i].store(self.now(), Ordering::Relaxed);
     }
 
-    /// p50, p99 and max of the recorded latencies (unrecorded samples are ignored).
+    /// Task `i` starts.
+    #[inline]
+    fn record(&self, i: usize) {
+        self.start[i].store(self.now(), Ordering::Relaxed);
+    }
+
+    /// p50, p99 and max of the recorded latencies (tasks that did not start are ignored). Called
+    /// after the executor went idle, which orders every stamp before it.
     fn percentiles(&self) -> (f64, f64, f64) {
         let mut v: Vec<u64> = self
-            .lat
+            .sub
             .iter()
-            .map(|a| a.load(Ordering::Relaxed))
-            .filter(|&x| x != u64::MAX)
+            .zip(self.start.iter())
+            .map(|(s, t)| (s.load(Ordering::Relaxed), t.load(Ordering::Relaxed)))
+            .filter(|&(s, t)| s != u64::MAX && t != u64::MAX)
+            .map(|(s, t)| t.saturating_sub(s))
             .collect();
         percentiles(&mut v)
     }
@@ -627,6 +786,7 @@ pub fn percentiles(v: &mut [u64]) -> (f64, f64, f64) {
 /// task before every `fast / slow_tasks` fast tasks.
 fn head_of_line<E: KeyedExecutor>(
     exec: &E,
+    mode: Mode,
     slow_tasks: u32,
     slow_sleep: Duration,
     fast_keys: u64,
@@ -637,37 +797,42 @@ fn head_of_line<E: KeyedExecutor>(
     let state = Box::new(Timed::new(fast_keys as usize + 1, fast));
     // SAFETY: `state` lives until every task finished (or is leaked by `release`).
     let r = unsafe { StaticRef::new(&*state) };
+    // The submission order: (key, seq, the fast task's latency slot or NO_MARK for a slow task).
     let every = (fast / slow_tasks.max(1) as usize).max(1);
+    let mut plan: Vec<(u64, u32, usize)> = Vec::with_capacity(fast + slow_tasks as usize);
     let mut slow_seq = 0u32;
-    let t0 = Instant::now();
     let mut i = 0usize;
     for seq in 0..per_key {
         for key in 1..=fast_keys {
             if i % every == 0 && slow_seq < slow_tasks {
-                let s = slow_seq;
-                exec.submit(0, move || {
-                    r.chk.run(0, 0, s, || std::thread::sleep(slow_sleep));
-                });
+                plan.push((0, slow_seq, NO_MARK));
                 slow_seq += 1;
             }
-            let at = r.now();
-            let idx = i;
-            exec.submit(key, move || {
-                r.record(idx, at);
-                r.chk.run(key, 0, seq, || ());
-            });
+            plan.push((key, seq, i));
             i += 1;
         }
     }
     while slow_seq < slow_tasks {
-        let s = slow_seq;
-        exec.submit(0, move || {
-            r.chk.run(0, 0, s, || std::thread::sleep(slow_sleep));
-        });
+        plan.push((0, slow_seq, NO_MARK));
         slow_seq += 1;
     }
+    let items = plan.iter().map(move |&(key, seq, idx)| {
+        let task = move || {
+            if idx == NO_MARK {
+                r.chk.run(0, 0, seq, || std::thread::sleep(slow_sleep));
+            } else {
+                r.record(idx);
+                r.chk.run(key, 0, seq, || ());
+            }
+        };
+        (key, idx, task)
+    });
+    let mut batch = Batch::new(mode, items);
+    let t0 = Instant::now();
+    batch.submit(exec, |i| r.mark(i));
     let finished = exec.wait_idle(timeout);
     let elapsed = t0.elapsed();
+    drop(batch);
     let st = &*state;
     let (p50, p99, max) = st.percentiles();
     let out = Outcome {
@@ -682,83 +847,103 @@ fn head_of_line<E: KeyedExecutor>(
     out
 }
 
-/// W5: each submitter draws its keys from Zipf(`exponent`) (pre-generated, outside the timing) and
-/// numbers its own tasks per key; all submitters start together.
+/// W5's keys for producer `p` of a run where each producer owns `owned` keys: `tasks` draws from
+/// Zipf(`exponent`) over the producer's own keys `p * owned ..`, rank 1 (the hottest) first, each
+/// with its sequence number for its key. Seeded by `p`, so every contender gets the same stream.
+pub fn skew_plan(p: usize, owned: usize, tasks: usize, exponent: f64) -> Vec<(u64, u32)> {
+    let zipf = Zipf::new(owned as f64, exponent).expect("a valid Zipf distribution");
+    let mut rng = SmallRng::seed_from_u64(0x5EED_0000 + p as u64 * 7919);
+    let mut next = vec![0u32; owned];
+    let base = (p * owned) as u64;
+    (0..tasks)
+        .map(|_| {
+            // A rank in 1..=owned, as a float.
+            let rank = (zipf.sample(&mut rng) as usize).clamp(1, owned);
+            let seq = next[rank - 1];
+            next[rank - 1] += 1;
+            (base + rank as u64 - 1, seq)
+        })
+        .collect()
+}
+
+/// W5: `producers` threads submit at once, each its own [`skew_plan`] (drawn outside the timing).
+/// A key belongs to one producer, so its order is checked on one checker lane.
+#[allow(clippy::too_many_arguments)]
 fn skew<E: KeyedExecutor>(
     exec: &E,
+    mode: Mode,
     keys: usize,
-    tasks: u64,
-    submitters: usize,
+    producers: usize,
+    per_producer: usize,
     exponent: f64,
-    work: Duration,
+    adds: u32,
     timeout: Duration,
 ) -> Outcome {
-    assert!(
-        (1..=MAX_LANES).contains(&submitters),
-        "1..={MAX_LANES} submitters"
-    );
-    let per_lane = (tasks as usize) / submitters;
-    let zipf = Zipf::new(keys, exponent);
-    let plans: Vec<Vec<(u64, u32)>> = (0..submitters)
-        .map(|lane| {
-            let mut rng = XorShift::new(0x5EED_0000 + lane as u64 * 7919);
-            let mut next = vec![0u32; keys];
-            (0..per_lane)
-                .map(|_| {
-                    let k = zipf.sample(&mut rng);
-                    let seq = next[k as usize];
-                    next[k as usize] += 1;
-                    (k, seq)
-                })
-                .collect()
-        })
+    let producers = producers.max(1);
+    let owned = (keys / producers).max(1);
+    let plans: Vec<Vec<(u64, u32)>> = (0..producers)
+        .map(|p| skew_plan(p, owned, per_producer, exponent))
         .collect();
-    drop(zipf);
-    let iters = (work.as_nanos() as f64 * f64::from(work::iters_per_micro()) / 1_000.0) as u32;
-    let total = per_lane * submitters;
-    let state = Box::new(Timed::new(keys, total));
+    let total = per_producer * producers;
+    let state = Box::new(Timed::new(owned * producers, total));
     // SAFETY: `state` lives until every task finished (or is leaked by `release`).
     let r = unsafe { StaticRef::new(&*state) };
-    let submit = move |lane: usize, i: usize, key: u64, seq: u32| {
-        let at = r.now();
-        let idx = lane * per_lane + i;
-        exec.submit(key, move || {
-            r.record(idx, at);
-            r.chk.run(key, lane, seq, || {
-                work::spin(iters);
+    let task = move |p: usize, i: usize, (key, seq): (u64, u32)| {
+        let idx = p * per_producer + i;
+        let task = move || {
+            r.record(idx);
+            r.chk.run(key, 0, seq, || {
+                work::gatling(adds);
             });
-        });
+        };
+        (key, idx, task)
     };
+    let plans = &plans;
     let t0;
+    let batches;
     if exec.ordering() == OrderGuarantee::Inline {
-        // Inline runs tasks on the submitting thread: one thread interleaves the submitters' streams.
+        // Inline runs tasks on the submitting thread: one thread interleaves the producers' streams.
+        let items = (0..per_producer)
+            .flat_map(move |i| (0..producers).map(move |p| task(p, i, plans[p][i])));
+        let mut batch = Batch::new(mode, items);
         t0 = Instant::now();
-        for i in 0..per_lane {
-            for (lane, plan) in plans.iter().enumerate() {
-                let (key, seq) = plan[i];
-                submit(lane, i, key, seq);
-            }
-        }
+        batch.submit(exec, |i| r.mark(i));
+        batches = Vec::new();
+        drop(batch);
     } else {
-        let barrier = Barrier::new(submitters + 1);
-        t0 = std::thread::scope(|s| {
-            for (lane, plan) in plans.iter().enumerate() {
-                let barrier = &barrier;
-                let submit = &submit;
-                s.spawn(move || {
-                    barrier.wait();
-                    for (i, &(key, seq)) in plan.iter().enumerate() {
-                        submit(lane, i, key, seq);
-                    }
-                });
-            }
+        let ready: Vec<_> = plans
+            .iter()
+            .enumerate()
+            .map(|(p, plan)| {
+                let items = plan.iter().enumerate().map(move |(i, &ks)| task(p, i, ks));
+                Batch::new(mode, items)
+            })
+            .collect();
+        let barrier = Barrier::new(producers + 1);
+        (t0, batches) = std::thread::scope(|s| {
+            let barrier = &barrier;
+            let handles: Vec<_> = ready
+                .into_iter()
+                .map(|mut batch| {
+                    s.spawn(move || {
+                        barrier.wait();
+                        batch.submit(exec, |i| r.mark(i));
+                        batch
+                    })
+                })
+                .collect();
             let t0 = Instant::now();
             barrier.wait();
-            t0
+            let done: Vec<_> = handles
+                .into_iter()
+                .map(|h| h.join().expect("producer thread"))
+                .collect();
+            (t0, done)
         });
     }
     let finished = exec.wait_idle(timeout);
     let elapsed = t0.elapsed();
+    drop(batches);
     let st = &*state;
     let (p50, p99, _) = st.percentiles();
     let out = Outcome {
@@ -804,7 +989,8 @@ mod tests {
         assert_eq!(Workload::w1(Size::Full).tasks(), 800_000);
         assert_eq!(Workload::w4(Size::Full).tasks(), 20_100);
         assert_eq!(Workload::w4(Size::Full).keys(), 1_001);
-        assert_eq!(Workload::w5(Size::Full).tasks(), 2_000_000);
+        assert_eq!(Workload::w5(Size::Full).tasks(), 1_000_000);
+        assert_eq!(Workload::w5(Size::Full).keys(), 100_000);
         for w in Workload::w6(Size::Full) {
             assert_eq!(w.tasks(), 2_000_000);
         }

@@ -1,17 +1,18 @@
-//! Every workload, at a tiny size, on every contender: no order violation, no lost task.
+//! Every workload, at a tiny size, on every contender in both modes: no order violation, no lost
+//! task.
 
 use std::time::Duration;
 
 use keyserial_benches::contenders::{Contender, Visit};
 use keyserial_benches::exec::KeyedExecutor;
-use keyserial_benches::workloads::{Outcome, Size, Workload};
+use keyserial_benches::workloads::{Mode, Outcome, Size, Workload};
 
-struct Run<'a>(&'a Workload);
+struct Run<'a>(&'a Workload, Mode);
 
 impl Visit for Run<'_> {
     type Out = Outcome;
     fn visit<E: KeyedExecutor>(self, exec: &E) -> Outcome {
-        self.0.run(exec, Duration::from_secs(60))
+        self.0.run(exec, self.1, Duration::from_secs(60))
     }
 }
 
@@ -19,12 +20,15 @@ impl Visit for Run<'_> {
 fn every_workload_on_every_contender() {
     let mut runs = 0;
     for w in Workload::all(Size::Tiny) {
-        for c in Contender::all() {
+        for (c, mode) in Contender::all()
+            .into_iter()
+            .flat_map(|c| Mode::ALL.map(|m| (c, m)))
+        {
             if c.skip_reason(&w).is_some() {
                 continue;
             }
-            let out = c.visit(2, Run(&w));
-            let what = format!("{} on {}", w.id(), c.id());
+            let out = c.visit(2, Run(&w, mode));
+            let what = format!("{} on {} ({})", w.id(), c.id(), mode.id());
             assert!(out.finished, "{what}: did not finish");
             assert_eq!(out.ran, out.expected, "{what}: tasks lost or duplicated");
             assert_eq!(out.ran, w.tasks(), "{what}");
@@ -40,7 +44,7 @@ fn every_workload_on_every_contender() {
             runs += 1;
         }
     }
-    assert!(runs >= 6 * 7, "only {runs} runs");
+    assert!(runs >= 2 * 6 * 7, "only {runs} runs");
 }
 
 #[test]
@@ -97,10 +101,12 @@ fn a_reordering_executor_is_caught() {
         held: Default::default(),
     };
     let w = Workload::w2(Size::Tiny);
-    let out = w.run(&exec, Duration::from_secs(5));
-    // Every task runs one place off its turn.
-    assert_eq!(out.violations, w.tasks());
-    assert_eq!(out.ran, out.expected);
+    for mode in Mode::ALL {
+        let out = w.run(&exec, mode, Duration::from_secs(5));
+        // Every task runs one place off its turn.
+        assert_eq!(out.violations, w.tasks(), "{}", mode.id());
+        assert_eq!(out.ran, out.expected);
+    }
 }
 
 /// An executor that silently drops every tenth task: the workloads must report it.
@@ -127,7 +133,35 @@ fn a_lossy_executor_is_caught() {
     let exec = Lossy {
         n: Default::default(),
     };
-    let out = Workload::w1(Size::Tiny).run(&exec, Duration::from_secs(5));
-    assert!(!out.all_ran());
-    assert!(out.ran < out.expected);
+    for mode in Mode::ALL {
+        let out = Workload::w1(Size::Tiny).run(&exec, mode, Duration::from_secs(5));
+        assert!(!out.all_ran());
+        assert!(out.ran < out.expected);
+    }
+}
+
+#[test]
+fn w5_keys_belong_to_their_producer_and_follow_zipf() {
+    use keyserial_benches::workloads::skew_plan;
+    let (owned, tasks) = (25_000, 100_000);
+    let plan = skew_plan(2, owned, tasks, 1.0);
+    assert_eq!(plan.len(), tasks);
+    let mut counts = vec![0u32; owned];
+    for &(key, seq) in &plan {
+        let k = key as usize;
+        assert!(
+            (2 * owned..3 * owned).contains(&k),
+            "key {k} outside producer 2's share"
+        );
+        // Sequence numbers count the key's earlier draws.
+        assert_eq!(seq, counts[k - 2 * owned]);
+        counts[k - 2 * owned] += 1;
+    }
+    // Zipf(1.0) over 25,000 ranks: rank 1 has p = 1 / H(25,000) ~ 9.3%, rank 2 half of that.
+    let p1 = f64::from(counts[0]) / tasks as f64;
+    assert!((0.08..0.11).contains(&p1), "rank 1 drew {p1}");
+    let r12 = f64::from(counts[0]) / f64::from(counts[1]);
+    assert!((1.7..2.3).contains(&r12), "rank 1 / rank 2 = {r12}");
+    // The same seed gives the same stream: every contender gets the same keys.
+    assert_eq!(skew_plan(2, owned, 1_000, 1.0), plan[..1_000]);
 }

@@ -5,56 +5,153 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use keyserial_benches::contenders::{default_workers, Contender, Visit};
 use keyserial_benches::exec::KeyedExecutor;
-use keyserial_benches::work;
-use keyserial_benches::workloads::{Metric, Outcome, Size, Unit, Workload};
+use keyserial_benches::workloads::{Metric, Mode, Outcome, Size, Unit, Workload};
 
-const HELP: &str = "\
-compare: keyserial against the executors you would otherwise write, on this machine.
+const ABOUT: &str = "keyserial against the executors you would otherwise write, on this machine.";
 
-USAGE:
-    cargo run --release -p keyserial-benches --bin compare -- [OPTIONS]
-
-OPTIONS:
-    --quick              smaller workloads, run budget 0.6 s per row (about 20 s on 2 cores)
-    --full               the issue's exact sizes (W1 16 x 50,000 tasks, W5 2 M tasks, W6 2 M tasks
-                         per point); several minutes on 2 cores
-    --workload LIST      comma-separated groups or ids to run, e.g. W1,W4 or w6_scale_1m
-                         (default: all of W1..W6)
-    --executor LIST      comma-separated executors to run (default: all), e.g. keyserial,lanes_1x
-    --repeat N           exactly N runs per workload and executor; the table shows the median and
-                         min-max. Default: up to 3 runs, but a row stops after the run that takes
-                         it past 4 s (0.6 s with --quick), so slow rows get 1 or 2 runs
-    --workers N          pool threads for every pooled executor (default: available parallelism)
-    --json PATH          also write all results as JSON to PATH ('-' for stdout, tables then go
-                         to stderr)
-    --timeout SECS       how long one run may take before its tasks count as lost (default: 120)
-    -h, --help           this text
-
+const AFTER_HELP: &str = "\
 WORKLOADS (sizes of --full; the default run cuts the ones marked *):
-    W1* gatling        16 keys x 50,000 tasks (default 5,000), round-robin, 1,000 relaxed
-                       fetch_add each; wall time
-    W2  overhead       1,000 keys x 1,000 empty tasks, one submitter; tasks/s
-    W3  many keys      1,000,000 distinct keys x 1 task; tasks/s and peak RSS growth
-    W4  head-of-line   1 slow key (100 tasks x 5 ms sleep) among 1,000 fast keys x 20 empty tasks;
-                       p50/p99/max submit-to-start latency of the fast tasks
-    W5* skew           2 M tasks (default 200 k) of ~1 us, Zipf(1.1) over 100,000 keys,
-                       2 submitters; tasks/s, p50/p99 submit-to-start latency
-    W6* scale          W2's shape over 1 k, 100 k and 1 M keys, 2 M tasks each (default 1 M, at
-                       least 2 per key); tasks/s
+  W1* gatling        16 keys x 50,000 tasks (default 5,000), round-robin, 1,000 relaxed fetch_add
+                     each; wall time
+  W2  overhead       1,000 keys x 1,000 empty tasks, one submitter; tasks/s
+  W3  many keys      1,000,000 distinct keys x 1 task; tasks/s and peak RSS growth
+  W4  head-of-line   1 slow key (100 tasks x 5 ms sleep) among 1,000 fast keys x 20 empty tasks;
+                     p50/p99/max submit-to-start latency of the fast tasks
+  W5* skew           4 producer threads x 250,000 tasks (default 50,000), each producer owning
+                     25,000 of 100,000 keys drawn Zipf(1.0), 100 relaxed fetch_add per task;
+                     tasks/s, p50/p99 submit-to-start latency
+  W6* scale          W2's shape over 1 k, 100 k and 1 M keys, 2 M tasks each (default 1 M, at
+                     least 2 per key); tasks/s
+
+MODES:
+  closure  each task is a closure passed to the executor's submit: keyserial's execute() takes it
+           as it is, the hand-rolled baselines box it inside submit (timed)
+  boxed    every task is a Box<dyn FnOnce() + Send> built before the timing starts and passed to
+           every contender, keyserial included, through the same submit(key, task) call
+
+READING THE TABLES:
+  Each workload gets one table per mode. The ratio column is row / keyserial on the table's first
+  metric. The last line names the winner (every row but inline, the work's own cost) and gives
+  keyserial / the best ORDERED contender (thread_per_key, lanes, striped, tokio_actor; the
+  unordered pool keeps no order): for throughput >= 1.00 is a win, for times <= 1.00 is. A summary
+  of those ratios against issue 14's targets ends the run.
 
 Every keyed run is checked: per key, tasks must start in submission order and never overlap, and
 every submitted task must run. The program exits with status 1 if any ordered executor violated
 order or any executor lost a task (the unordered pool's order is not checked: it is not a
-serializer). Ratios are row / keyserial on the table's first metric.
-";
+serializer).";
 
+/// Which modes to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ModeArg {
+    /// Each task a closure passed to submit.
+    Closure,
+    /// Every task pre-boxed, the same for every contender.
+    Boxed,
+    /// A table for each.
+    Both,
+}
+
+impl ModeArg {
+    fn modes(self) -> Vec<Mode> {
+        match self {
+            ModeArg::Closure => vec![Mode::Closure],
+            ModeArg::Boxed => vec![Mode::Boxed],
+            ModeArg::Both => Mode::ALL.to_vec(),
+        }
+    }
+}
+
+/// `compare`: keyserial against the executors you would otherwise write, on this machine.
+#[derive(Parser, Debug)]
+#[command(name = "compare", about = ABOUT, after_help = AFTER_HELP)]
+struct Cli {
+    /// Smaller workloads, run budget 0.6 s per row (about 40 s on 2 cores)
+    #[arg(long, conflicts_with = "full")]
+    quick: bool,
+
+    /// The issue's exact sizes (W1 16 x 50,000 tasks, W5 4 x 250,000 tasks, W6 2 M tasks per
+    /// point); several minutes on 2 cores
+    #[arg(long)]
+    full: bool,
+
+    /// How tasks reach the executors (see MODES below)
+    #[arg(long, value_enum, default_value_t = ModeArg::Both)]
+    mode: ModeArg,
+
+    /// Comma-separated groups or ids to run, e.g. W1,W4 or w6_scale_1m [default: all of W1..W6]
+    #[arg(
+        long = "workload",
+        visible_alias = "workloads",
+        value_name = "LIST",
+        value_delimiter = ',',
+        value_parser = parse_workload
+    )]
+    workloads: Vec<String>,
+
+    /// Comma-separated executors to run, e.g. keyserial,lanes_1x [default: all]
+    #[arg(
+        long = "executor",
+        visible_alias = "executors",
+        value_name = "LIST",
+        value_delimiter = ',',
+        value_parser = parse_contender
+    )]
+    executors: Vec<Contender>,
+
+    /// Exactly N runs per workload, mode and executor; the table shows the median and min-max.
+    /// Default: up to 3 runs, but a row stops after the run that takes it past 4 s (0.6 s with
+    /// --quick), so slow rows get 1 or 2 runs
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: Option<u32>,
+
+    /// Pool threads for every pooled executor [default: available parallelism]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    workers: Option<u32>,
+
+    /// Also write all results as JSON to PATH ('-' for stdout; the tables then go to stderr)
+    #[arg(long, value_name = "PATH")]
+    json: Option<String>,
+
+    /// How long one run may take before its tasks count as lost
+    #[arg(long, value_name = "SECS", default_value_t = 120,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    timeout: u64,
+
+    /// Passed by `cargo bench`; ignored
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+fn parse_contender(id: &str) -> Result<Contender, String> {
+    Contender::from_id(id.trim()).ok_or_else(|| {
+        let all: Vec<&str> = Contender::all().iter().map(|c| c.id()).collect();
+        format!("unknown executor (one of: {})", all.join(", "))
+    })
+}
+
+fn parse_workload(id: &str) -> Result<String, String> {
+    let id = id.trim();
+    let known = Workload::all(Size::Full)
+        .iter()
+        .any(|w| id.eq_ignore_ascii_case(w.group()) || id.eq_ignore_ascii_case(&w.id()));
+    if known {
+        Ok(id.to_string())
+    } else {
+        Err("unknown workload (W1..W6, or an id such as w2_overhead or w6_scale_1m)".into())
+    }
+}
+
+/// The settings of one run, from the command line.
 struct Args {
     size: Size,
+    modes: Vec<Mode>,
     workloads: Option<Vec<String>>,
-    executors: Option<Vec<String>>,
+    executors: Option<Vec<Contender>>,
     repeat: usize,
     /// Per-row time budget when `--repeat` was not given.
     budget: Option<Duration>,
@@ -63,80 +160,38 @@ struct Args {
     timeout: Duration,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        size: Size::Default,
-        workloads: None,
-        executors: None,
-        repeat: 0,
-        budget: None,
-        workers: default_workers(),
-        json: None,
-        timeout: Duration::from_secs(120),
-    };
-    let mut it = std::env::args().skip(1);
-    let list = |v: String| -> Vec<String> {
-        v.split(',')
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect()
-    };
-    while let Some(a) = it.next() {
-        let (flag, inline_val) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (a.clone(), None),
+impl From<Cli> for Args {
+    fn from(cli: Cli) -> Self {
+        let size = if cli.quick {
+            Size::Quick
+        } else if cli.full {
+            Size::Full
+        } else {
+            Size::Default
         };
-        let mut value = |name: &str| -> Result<String, String> {
-            inline_val
-                .clone()
-                .or_else(|| it.next())
-                .ok_or_else(|| format!("{name} needs a value"))
+        let (repeat, budget) = match cli.repeat {
+            Some(n) => (n as usize, None),
+            None => (
+                3,
+                Some(if size == Size::Quick {
+                    Duration::from_millis(600)
+                } else {
+                    Duration::from_secs(4)
+                }),
+            ),
         };
-        match flag.as_str() {
-            "-h" | "--help" => {
-                print!("{HELP}");
-                std::process::exit(0);
-            }
-            "--quick" => args.size = Size::Quick,
-            "--full" => args.size = Size::Full,
-            "--workload" | "--workloads" => args.workloads = Some(list(value(&flag)?)),
-            "--executor" | "--executors" => args.executors = Some(list(value(&flag)?)),
-            "--repeat" => {
-                args.repeat = value(&flag)?
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or("--repeat needs a positive number")?;
-            }
-            "--workers" => {
-                args.workers = value(&flag)?
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or("--workers needs a positive number")?;
-            }
-            "--json" => args.json = Some(value(&flag)?),
-            "--timeout" => {
-                let secs: u64 = value(&flag)?
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or("--timeout needs a positive number of seconds")?;
-                args.timeout = Duration::from_secs(secs);
-            }
-            "--bench" => {} // passed by `cargo bench`; ignored
-            other => return Err(format!("unknown option {other:?} (see --help)")),
+        Args {
+            size,
+            modes: cli.mode.modes(),
+            workloads: (!cli.workloads.is_empty()).then_some(cli.workloads),
+            executors: (!cli.executors.is_empty()).then_some(cli.executors),
+            repeat,
+            budget,
+            workers: cli.workers.map_or_else(default_workers, |n| n as usize),
+            json: cli.json,
+            timeout: Duration::from_secs(cli.timeout),
         }
     }
-    if args.repeat == 0 {
-        args.repeat = 3;
-        args.budget = Some(if args.size == Size::Quick {
-            Duration::from_millis(600)
-        } else {
-            Duration::from_secs(4)
-        });
-    }
-    Ok(args)
 }
 
 /// All runs of one contender on one workload.
@@ -225,18 +280,174 @@ fn fmt_value(unit: Unit, v: f64) -> String {
 
 struct RunOne<'a> {
     w: &'a Workload,
+    mode: Mode,
     timeout: Duration,
 }
 
 impl Visit for RunOne<'_> {
     type Out = Outcome;
     fn visit<E: KeyedExecutor>(self, exec: &E) -> Outcome {
-        self.w.run(exec, self.timeout)
+        self.w.run(exec, self.mode, self.timeout)
     }
 }
 
-/// `floor`: W1's measured floor (nanoseconds, see [`Workload::measured_floor`]).
-fn render_table(w: &Workload, rows: &[Row], workers: usize, floor: Option<f64>) -> String {
+/// One workload in one mode: a table.
+struct Table {
+    w: Workload,
+    mode: Mode,
+    rows: Vec<Row>,
+    /// W1's measured floor in nanoseconds (see [`Workload::measured_floor`]), else `None`.
+    floor: Option<f64>,
+}
+
+/// Who won a table, and keyserial against the best ordered contender.
+struct Verdict {
+    metrics: Vec<Metric>,
+    /// The best row on the first metric, of every row but `inline`.
+    winner: Option<(Contender, f64)>,
+    /// The best [ordered baseline](Contender::is_ordered_baseline) on the first metric.
+    best_ordered: Option<(Contender, f64)>,
+    /// keyserial's (default row) median on the first metric.
+    keyserial: Option<f64>,
+    /// keyserial / best ordered contender, per metric (medians; the contender chosen on the
+    /// first metric).
+    ratios: Vec<Option<f64>>,
+    /// Both medians behind each ratio: (keyserial, best ordered).
+    pairs: Vec<Option<(f64, f64)>>,
+}
+
+impl Verdict {
+    fn of(t: &Table) -> Self {
+        let metrics = t.w.metrics();
+        let higher = metrics[0].higher_is_better;
+        let better = |a: f64, b: f64| if higher { a > b } else { a < b };
+        let best = |keep: &dyn Fn(Contender) -> bool| {
+            t.rows
+                .iter()
+                .filter(|r| r.skipped.is_none() && keep(r.contender))
+                .filter_map(|r| r.median(0).map(|m| (r.contender, m)))
+                .filter(|(_, m)| m.is_finite())
+                .fold(None, |acc: Option<(Contender, f64)>, (c, m)| match acc {
+                    Some((_, a)) if !better(m, a) => acc,
+                    _ => Some((c, m)),
+                })
+        };
+        let winner = best(&|c| c != Contender::Inline);
+        let best_ordered = best(&|c| c.is_ordered_baseline());
+        let row_of = |c: Contender| {
+            t.rows
+                .iter()
+                .find(|r| r.contender == c && r.skipped.is_none())
+        };
+        let ks_row = row_of(Contender::Keyserial);
+        let bo_row = best_ordered.and_then(|(c, _)| row_of(c));
+        let pairs: Vec<Option<(f64, f64)>> = (0..metrics.len())
+            .map(|i| match (ks_row, bo_row) {
+                (Some(k), Some(b)) => Some((k.median(i)?, b.median(i)?)),
+                _ => None,
+            })
+            .collect();
+        let ratios = pairs
+            .iter()
+            .map(|p| p.and_then(|(k, b)| (b > 0.0).then_some(k / b)))
+            .collect();
+        Verdict {
+            keyserial: ks_row.and_then(|r| r.median(0)),
+            metrics,
+            winner,
+            best_ordered,
+            ratios,
+            pairs,
+        }
+    }
+
+    /// keyserial / best ordered contender on the first metric.
+    fn ratio(&self) -> Option<f64> {
+        self.ratios[0]
+    }
+
+    /// Whether keyserial wins against the best ordered contender (ties are wins).
+    fn keyserial_wins(&self) -> Option<bool> {
+        let r = self.ratio()?;
+        Some(if self.metrics[0].higher_is_better {
+            r >= 1.0
+        } else {
+            r <= 1.0
+        })
+    }
+
+    /// The table's last line.
+    fn line(&self) -> String {
+        let p = self.metrics[0];
+        let mut s = String::from("  => winner: ");
+        match self.winner {
+            Some((c, v)) => {
+                let _ = write!(s, "{} {}", c.id(), fmt_value(p.unit, v));
+                if !c.is_ordered() {
+                    s.push_str(" (keeps no order)");
+                }
+            }
+            None => s.push_str("none"),
+        }
+        match (self.keyserial, self.best_ordered, self.ratio()) {
+            (Some(k), Some((c, b)), Some(r)) => {
+                let _ = write!(
+                    s,
+                    " | keyserial {} / best ordered {} {} = {:.2}x {} ({}: {} 1.00 wins) -> {}",
+                    fmt_value(p.unit, k),
+                    c.id(),
+                    fmt_value(p.unit, b),
+                    r,
+                    p.header,
+                    if p.higher_is_better {
+                        "throughput"
+                    } else {
+                        "time"
+                    },
+                    if p.higher_is_better { ">=" } else { "<=" },
+                    if self.keyserial_wins() == Some(true) {
+                        "keyserial wins"
+                    } else {
+                        "keyserial behind"
+                    }
+                );
+                for (i, m) in self.metrics.iter().enumerate().skip(1) {
+                    let Some((k, b)) = self.pairs[i] else {
+                        continue;
+                    };
+                    match m.key {
+                        "peak_rss_bytes" => {
+                            let _ = write!(
+                                s,
+                                "; {} {} vs {}",
+                                m.header,
+                                fmt_value(m.unit, k),
+                                fmt_value(m.unit, b)
+                            );
+                        }
+                        "latency_p50_ns" => {
+                            let _ = write!(
+                                s,
+                                "; {} {} vs {} = {:.2}x",
+                                m.header,
+                                fmt_value(m.unit, k),
+                                fmt_value(m.unit, b),
+                                k / b
+                            );
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            (None, _, _) => s.push_str(" | keyserial not run"),
+            _ => s.push_str(" | no ordered contender ran"),
+        }
+        s
+    }
+}
+
+fn render_table(t: &Table, workers: usize) -> String {
+    let (w, rows, floor) = (&t.w, &t.rows[..], t.floor);
     let metrics = w.metrics();
     let primary = metrics[0];
     let ks = rows
@@ -244,7 +455,7 @@ fn render_table(w: &Workload, rows: &[Row], workers: usize, floor: Option<f64>) 
         .find(|r| r.contender == Contender::Keyserial)
         .and_then(|r| r.median(0));
     let mut out = String::new();
-    let _ = writeln!(out, "\n{}", w.title());
+    let _ = writeln!(out, "\n{} [{} tasks]", w.title(), t.mode.id());
     let _ = writeln!(
         out,
         "  {}: {} is better; ratio = row / keyserial",
@@ -367,6 +578,7 @@ fn render_table(w: &Workload, rows: &[Row], workers: usize, floor: Option<f64>) 
             }
         }
     }
+    let _ = writeln!(out, "{}", Verdict::of(t).line());
     out
 }
 
@@ -411,16 +623,195 @@ fn json_metrics(metrics: &[Metric], value: impl Fn(usize) -> Option<f64>) -> Str
     format!("{{{}}}", fields.join(", "))
 }
 
-/// `results`: each workload, its rows, and W1's measured floor in nanoseconds (else `None`).
-fn render_json(args: &Args, results: &[(Workload, Vec<Row>, Option<f64>)], ok: bool) -> String {
+/// Issue 14's target for keyserial / best ordered contender on a group's first metric, as
+/// (bound, whether the ratio must be at least the bound (throughput) or at most (time)).
+fn target(group: &str) -> Option<(f64, bool)> {
+    match group {
+        "W1" => Some((1.03, false)),
+        "W2" => Some((1.0, true)),
+        "W3" => Some((0.6, true)),
+        "W4" => Some((1.0, false)),
+        "W5" => Some((1.0, true)),
+        _ => None,
+    }
+}
+
+fn fmt_target((bound, at_least): (f64, bool)) -> String {
+    format!("{} {bound:.2}", if at_least { ">=" } else { "<=" })
+}
+
+fn met(ratio: f64, (bound, at_least): (f64, bool)) -> bool {
+    if at_least {
+        ratio >= bound
+    } else {
+        ratio <= bound
+    }
+}
+
+/// W6's scaling in `mode`: keyserial's rate at the most keys / at the fewest, with both key counts.
+fn w6_scaling(tables: &[Table], mode: Mode) -> Option<(f64, usize, usize)> {
+    let points: Vec<(usize, f64)> = tables
+        .iter()
+        .filter(|t| t.mode == mode && t.w.group() == "W6")
+        .filter_map(|t| Some((t.w.keys(), Verdict::of(t).keyserial?)))
+        .collect();
+    let lo = points.iter().min_by_key(|p| p.0)?;
+    let hi = points.iter().max_by_key(|p| p.0)?;
+    (hi.0 > lo.0 && lo.1 > 0.0).then(|| (hi.1 / lo.1, hi.0, lo.0))
+}
+
+/// The run's last table: keyserial / best ordered contender per workload and mode.
+fn render_summary(tables: &[Table], modes: &[Mode]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nkeyserial / best ordered contender, per workload (issue 14's targets; throughput: \
+         >= wins, time: <= wins)"
+    );
+    let mut lines = vec![{
+        let mut h = vec!["workload".to_string()];
+        h.extend(modes.iter().map(|m| m.id().to_string()));
+        h.push("target".into());
+        h
+    }];
+    let mut ids: Vec<String> = Vec::new();
+    for t in tables {
+        if !ids.contains(&t.w.id()) {
+            ids.push(t.w.id());
+        }
+    }
+    for id in ids {
+        let mut line = vec![id.clone()];
+        let mut tgt = None;
+        for &m in modes {
+            let cell = tables
+                .iter()
+                .find(|t| t.mode == m && t.w.id() == id)
+                .map(|t| {
+                    let v = Verdict::of(t);
+                    tgt = target(t.w.group());
+                    match (v.ratio(), v.best_ordered) {
+                        (Some(r), Some((c, _))) => format!(
+                            "{r:.2}x {}{}",
+                            c.id(),
+                            match tgt {
+                                Some(g) if met(r, g) => " ok",
+                                Some(_) => " MISS",
+                                None => "",
+                            }
+                        ),
+                        _ => "-".into(),
+                    }
+                })
+                .unwrap_or_else(|| "-".into());
+            line.push(cell);
+        }
+        line.push(tgt.map_or("-".into(), fmt_target));
+        lines.push(line);
+    }
+    let widths: Vec<usize> = (0..lines[0].len())
+        .map(|c| lines.iter().map(|l| l[c].len()).max().unwrap_or(0))
+        .collect();
+    for l in &lines {
+        let cells: Vec<String> = l
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "  {}", cells.join("  ").trim_end());
+    }
+    let scaling: Vec<String> = modes
+        .iter()
+        .filter_map(|&m| {
+            w6_scaling(tables, m).map(|(r, hi, lo)| {
+                format!(
+                    "{} {r:.2}x ({} / {} keys)",
+                    m.id(),
+                    fmt_keys(hi),
+                    fmt_keys(lo)
+                )
+            })
+        })
+        .collect();
+    if !scaling.is_empty() {
+        let _ = writeln!(
+            out,
+            "  W6 keyserial rate, most keys / fewest: {} (target >= 0.50 at 1M / 1k keys)",
+            scaling.join(", ")
+        );
+    }
+    out
+}
+
+fn fmt_keys(n: usize) -> String {
+    match n {
+        n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{}k", n / 1_000),
+        n => n.to_string(),
+    }
+}
+
+fn json_opt(v: Option<f64>) -> String {
+    v.map_or("null".into(), json_num)
+}
+
+/// The verdict of a table as a JSON object.
+fn json_verdict(t: &Table) -> String {
+    let v = Verdict::of(t);
+    let id = |c: Option<(Contender, f64)>| c.map_or("null".into(), |(c, _)| json_str(c.id()));
+    let val = |c: Option<(Contender, f64)>| json_opt(c.map(|(_, v)| v));
+    let tgt = target(t.w.group());
+    let mut f = vec![
+        format!("\"winner\": {}", id(v.winner)),
+        format!("\"winner_value\": {}", val(v.winner)),
+        format!("\"best_ordered\": {}", id(v.best_ordered)),
+        format!("\"best_ordered_value\": {}", val(v.best_ordered)),
+        format!("\"keyserial_value\": {}", json_opt(v.keyserial)),
+        format!("\"higher_is_better\": {}", v.metrics[0].higher_is_better),
+        format!("\"keyserial_to_best_ordered\": {}", json_opt(v.ratio())),
+        format!(
+            "\"keyserial_to_best_ordered_by_metric\": {}",
+            json_metrics(&v.metrics, |i| v.ratios[i])
+        ),
+        format!(
+            "\"keyserial_wins\": {}",
+            v.keyserial_wins().map_or("null".into(), |b| b.to_string())
+        ),
+    ];
+    if let Some(g) = tgt {
+        f.push(format!("\"target\": {}", json_str(&fmt_target(g))));
+        f.push(format!(
+            "\"target_met\": {}",
+            v.ratio().map_or("null".into(), |r| met(r, g).to_string())
+        ));
+    }
+    format!("{{{}}}", f.join(", "))
+}
+
+fn render_json(args: &Args, tables: &[Table], ok: bool) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "{{");
     let _ = writeln!(o, "  \"workers\": {},", args.workers);
     let _ = writeln!(o, "  \"repeat\": {},", args.repeat);
     let _ = writeln!(o, "  \"quick\": {},", args.size == Size::Quick);
+    let modes: Vec<String> = args.modes.iter().map(|m| json_str(m.id())).collect();
+    let _ = writeln!(o, "  \"modes\": [{}],", modes.join(", "));
     let _ = writeln!(o, "  \"ok\": {ok},");
+    let scaling: Vec<String> = args
+        .modes
+        .iter()
+        .filter_map(|&m| {
+            w6_scaling(tables, m).map(|(r, _, _)| format!("{}: {}", json_str(m.id()), json_num(r)))
+        })
+        .collect();
+    let _ = writeln!(
+        o,
+        "  \"w6_keyserial_rate_most_to_fewest_keys\": {{{}}},",
+        scaling.join(", ")
+    );
     let _ = writeln!(o, "  \"workloads\": [");
-    for (wi, (w, rows, floor)) in results.iter().enumerate() {
+    for (wi, t) in tables.iter().enumerate() {
+        let (w, rows, floor) = (&t.w, &t.rows, t.floor);
         let metrics = w.metrics();
         let ks = rows
             .iter()
@@ -428,13 +819,15 @@ fn render_json(args: &Args, results: &[(Workload, Vec<Row>, Option<f64>)], ok: b
             .and_then(|r| r.median(0));
         let _ = writeln!(o, "    {{");
         let _ = writeln!(o, "      \"id\": {},", json_str(&w.id()));
+        let _ = writeln!(o, "      \"mode\": {},", json_str(t.mode.id()));
         let _ = writeln!(o, "      \"title\": {},", json_str(&w.title()));
         let _ = writeln!(o, "      \"keys\": {},", w.keys());
         let _ = writeln!(o, "      \"tasks\": {},", w.tasks());
         let _ = writeln!(o, "      \"primary\": {},", json_str(metrics[0].key));
         if let Some(f) = floor {
-            let _ = writeln!(o, "      \"measured_floor_ns\": {},", json_num(*f));
+            let _ = writeln!(o, "      \"measured_floor_ns\": {},", json_num(f));
         }
+        let _ = writeln!(o, "      \"verdict\": {},", json_verdict(t));
         let _ = writeln!(o, "      \"rows\": [");
         for (ri, r) in rows.iter().enumerate() {
             let mut fields = vec![format!("\"executor\": {}", json_str(r.contender.id()))];
@@ -477,7 +870,7 @@ fn render_json(args: &Args, results: &[(Workload, Vec<Row>, Option<f64>)], ok: b
             );
         }
         let _ = writeln!(o, "      ]");
-        let _ = writeln!(o, "    }}{}", if wi + 1 < results.len() { "," } else { "" });
+        let _ = writeln!(o, "    }}{}", if wi + 1 < tables.len() { "," } else { "" });
     }
     let _ = writeln!(o, "  ]");
     let _ = writeln!(o, "}}");
@@ -494,37 +887,19 @@ fn selected(workload: &Workload, filter: &Option<Vec<String>>) -> bool {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("compare: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = Args::from(Cli::parse());
     let workloads: Vec<Workload> = Workload::all(args.size)
         .into_iter()
         .filter(|w| selected(w, &args.workloads))
         .collect();
     if workloads.is_empty() {
-        eprintln!("compare: no workload matches {:?}", args.workloads);
+        eprintln!(
+            "compare: no workload of this size matches {:?}",
+            args.workloads
+        );
         return ExitCode::from(2);
     }
-    let contenders: Vec<Contender> = match &args.executors {
-        None => Contender::all(),
-        Some(list) => {
-            let mut v = Vec::new();
-            for id in list {
-                match Contender::from_id(id) {
-                    Some(c) => v.push(c),
-                    None => {
-                        eprintln!("compare: unknown executor {id:?}");
-                        return ExitCode::from(2);
-                    }
-                }
-            }
-            v
-        }
-    };
+    let contenders: Vec<Contender> = args.executors.clone().unwrap_or_else(Contender::all);
     // Tables go to stdout, unless stdout carries the JSON.
     let json_to_stdout = args.json.as_deref() == Some("-");
     let emit = |s: &str| {
@@ -553,24 +928,23 @@ fn main() -> ExitCode {
         head.push_str("  (the keyserial row is not built in yet: baselines only)\n");
     }
     for c in &contenders {
-        let _ = writeln!(head, "  {:<15} {}", c.id(), c.describe(args.workers));
+        let _ = writeln!(head, "  {:<17} {}", c.id(), c.describe(args.workers));
+    }
+    for m in &args.modes {
+        let _ = writeln!(head, "  [{} tasks] {}", m.id(), m.describe());
     }
     emit(&head);
 
-    // Calibrate W5's spin loop while the machine is quiet.
-    let _ = work::iters_per_micro();
-
-    let plan: Vec<(usize, Contender)> = workloads
+    let plan: usize = workloads
         .iter()
-        .enumerate()
-        .flat_map(|(wi, w)| {
+        .map(|w| {
             contenders
                 .iter()
-                .filter(move |c| c.skip_reason(w).is_none())
-                .map(move |&c| (wi, c))
+                .filter(|c| c.skip_reason(w).is_none())
+                .count()
         })
-        .collect();
-    let pb = ProgressBar::new((plan.len() * args.repeat) as u64);
+        .sum();
+    let pb = ProgressBar::new((plan * args.repeat * args.modes.len()) as u64);
     pb.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:32}] {pos}/{len} {msg}")
             .expect("template")
@@ -579,79 +953,93 @@ fn main() -> ExitCode {
     pb.enable_steady_tick(Duration::from_millis(200));
 
     let started = Instant::now();
-    let mut results: Vec<(Workload, Vec<Row>, Option<f64>)> = Vec::new();
-    let mut failed = false;
+    let mut tables: Vec<Table> = Vec::new();
     for w in &workloads {
-        let mut rows: Vec<Row> = contenders
+        let mut group: Vec<Table> = args
+            .modes
             .iter()
-            .map(|&c| Row {
-                contender: c,
-                skipped: c.skip_reason(w),
-                runs: Vec::new(),
-                spent: Duration::ZERO,
+            .map(|&mode| Table {
+                w: w.clone(),
+                mode,
+                rows: contenders
+                    .iter()
+                    .map(|&c| Row {
+                        contender: c,
+                        skipped: c.skip_reason(w),
+                        runs: Vec::new(),
+                        spent: Duration::ZERO,
+                    })
+                    .collect(),
+                floor: None,
             })
             .collect();
         let mut floor = Vec::new();
-        // Repeats are the outer loop, so that drift on the machine spreads over every row.
+        // Repeats are the outer loop and the modes alternate inside it, so that drift on the
+        // machine spreads over every row of both tables.
         for rep in 0..args.repeat {
             if let Some(f) = w.measured_floor(args.workers) {
                 floor.push(f.as_nanos() as f64);
             }
-            for row in rows.iter_mut().filter(|r| r.skipped.is_none()) {
-                if let (Some(budget), Some(per_run)) =
-                    (args.budget, row.spent.checked_div(row.runs.len() as u32))
-                {
-                    if row.spent + per_run > budget {
-                        pb.inc(1);
-                        continue;
+            for t in &mut group {
+                let mode = t.mode;
+                for row in t.rows.iter_mut().filter(|r| r.skipped.is_none()) {
+                    if let (Some(budget), Some(per_run)) =
+                        (args.budget, row.spent.checked_div(row.runs.len() as u32))
+                    {
+                        if row.spent + per_run > budget {
+                            pb.inc(1);
+                            continue;
+                        }
                     }
+                    pb.set_message(format!(
+                        "{} | {} | {} | run {}/{}",
+                        w.id(),
+                        mode.id(),
+                        row.contender.id(),
+                        rep + 1,
+                        args.repeat
+                    ));
+                    let t0 = Instant::now();
+                    let out = row.contender.visit(
+                        args.workers,
+                        RunOne {
+                            w,
+                            mode,
+                            timeout: args.timeout,
+                        },
+                    );
+                    row.spent += t0.elapsed();
+                    row.runs.push(out);
+                    pb.inc(1);
                 }
-                pb.set_message(format!(
-                    "{} | {} | run {}/{}",
-                    w.id(),
-                    row.contender.id(),
-                    rep + 1,
-                    args.repeat
-                ));
-                let t = Instant::now();
-                let out = row.contender.visit(
-                    args.workers,
-                    RunOne {
-                        w,
-                        timeout: args.timeout,
-                    },
-                );
-                row.spent += t.elapsed();
-                row.runs.push(out);
-                pb.inc(1);
             }
         }
-        failed |= rows.iter().any(Row::failed);
         let floor = median(floor);
-        let table = render_table(w, &rows, args.workers, floor);
-        pb.suspend(|| emit(&table));
-        results.push((w.clone(), rows, floor));
+        for mut t in group {
+            t.floor = floor;
+            let table = render_table(&t, args.workers);
+            pb.suspend(|| emit(&table));
+            tables.push(t);
+        }
     }
     pb.finish_and_clear();
 
-    let keyed_runs: usize = results
-        .iter()
-        .flat_map(|(_, rows, _)| rows.iter())
+    let rows = || tables.iter().flat_map(|t| t.rows.iter());
+    let failed = rows().any(Row::failed);
+    let keyed_runs: usize = rows()
         .filter(|r| r.contender.is_ordered())
         .map(|r| r.runs.len())
         .sum();
-    let violations: u64 = results
-        .iter()
-        .flat_map(|(_, rows, _)| rows.iter())
+    let violations: u64 = rows()
         .filter(|r| r.contender.is_ordered())
         .map(Row::violations)
         .sum();
-    let lost = results
-        .iter()
-        .flat_map(|(_, rows, _)| rows.iter())
+    let mut lost: Vec<&str> = rows()
         .filter(|r| !r.all_ran())
         .map(|r| r.contender.id())
-        .collect::<Vec<_>>();
+        .collect();
+    lost.dedup();
+    emit(&render_summary(&tables, &args.modes));
     emit(&format!(
         "\norder check: {violations} violations in {keyed_runs} keyed runs; every task ran: {}\n\
          total time {:.1} s\n",
@@ -664,7 +1052,7 @@ fn main() -> ExitCode {
     ));
 
     if let Some(path) = &args.json {
-        let json = render_json(&args, &results, !failed);
+        let json = render_json(&args, &tables, !failed);
         if path == "-" {
             print!("{json}");
         } else if let Err(e) = std::fs::write(path, json) {
@@ -704,6 +1092,12 @@ mod tests {
         }
     }
 
+    fn valued(contender: Contender, primary: f64) -> Row {
+        let mut o = outcome(10, 0);
+        o.values = vec![primary, 1.0];
+        row(contender, vec![o])
+    }
+
     #[test]
     fn a_violation_or_a_lost_task_fails_the_run() {
         assert!(!row(Contender::Striped, vec![outcome(10, 0), outcome(10, 0)]).failed());
@@ -728,6 +1122,48 @@ mod tests {
     }
 
     #[test]
+    fn the_verdict_leaves_inline_out_and_takes_the_best_ordered() {
+        // W2: tasks/s, higher is better.
+        let t = Table {
+            w: Workload::w2(Size::Tiny),
+            mode: Mode::Boxed,
+            rows: vec![
+                valued(Contender::Keyserial, 5.0),
+                valued(Contender::Inline, 100.0),
+                valued(Contender::Lanes4x, 8.0),
+                valued(Contender::Striped, 2.0),
+                valued(Contender::Unordered, 9.0),
+            ],
+            floor: None,
+        };
+        let v = Verdict::of(&t);
+        assert_eq!(v.winner.map(|w| w.0), Some(Contender::Unordered));
+        assert_eq!(v.best_ordered.map(|w| w.0), Some(Contender::Lanes4x));
+        assert_eq!(v.ratio(), Some(5.0 / 8.0));
+        assert_eq!(v.keyserial_wins(), Some(false));
+        let line = v.line();
+        assert!(line.contains("winner: unordered"), "{line}");
+        assert!(line.contains("0.62x") || line.contains("0.63x"), "{line}");
+        // W1: wall time, lower is better.
+        let t = Table {
+            w: Workload::w1(Size::Tiny),
+            mode: Mode::Closure,
+            rows: vec![
+                valued(Contender::Keyserial, 10.0),
+                valued(Contender::Inline, 1.0),
+                valued(Contender::TokioActor, 11.0),
+                valued(Contender::Lanes1x, 12.0),
+            ],
+            floor: None,
+        };
+        let v = Verdict::of(&t);
+        assert_eq!(v.winner.map(|w| w.0), Some(Contender::Keyserial));
+        assert_eq!(v.best_ordered.map(|w| w.0), Some(Contender::TokioActor));
+        assert_eq!(v.keyserial_wins(), Some(true));
+        assert!(v.line().contains("keyserial wins"), "{}", v.line());
+    }
+
+    #[test]
     fn table_and_json_render() {
         let w = Workload::w2(Size::Tiny);
         let rows = vec![
@@ -740,11 +1176,20 @@ mod tests {
                 spent: Duration::ZERO,
             },
         ];
-        let t = render_table(&w, &rows, 2, None);
+        let table = Table {
+            w,
+            mode: Mode::Boxed,
+            rows,
+            floor: Some(1.0e8),
+        };
+        let t = render_table(&table, 2);
         assert!(t.contains("keyserial") && t.contains("1.00x"), "{t}");
         assert!(t.contains("skipped (5 threads)"), "{t}");
+        assert!(t.contains("[boxed tasks]"), "{t}");
+        assert!(t.contains("=> winner: "), "{t}");
         let args = Args {
             size: Size::Tiny,
+            modes: vec![Mode::Boxed],
             workloads: None,
             executors: None,
             repeat: 1,
@@ -753,10 +1198,50 @@ mod tests {
             json: None,
             timeout: Duration::from_secs(1),
         };
-        let j = render_json(&args, &[(w, rows, Some(1.0e8))], true);
+        let tables = [table];
+        let j = render_json(&args, &tables, true);
         assert!(j.contains("\"executor\": \"striped\""), "{j}");
+        assert!(j.contains("\"mode\": \"boxed\""), "{j}");
+        assert!(j.contains("\"keyserial_to_best_ordered\": 1"), "{j}");
         assert!(j.contains("\"skipped\": \"skipped (5 threads)\""), "{j}");
         assert!(j.contains("\"measured_floor_ns\": 100000000"), "{j}");
         assert_eq!(json_str("a\"b\\\n"), "\"a\\\"b\\\\\\n\"");
+        let s = render_summary(&tables, &args.modes);
+        assert!(
+            s.contains("w2_overhead") && s.contains("1.00x striped ok"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn the_command_line_parses() {
+        <Cli as clap::CommandFactory>::command().debug_assert();
+        let a = Args::from(Cli::parse_from(["compare"]));
+        assert_eq!(a.modes, Mode::ALL);
+        assert_eq!((a.repeat, a.size), (3, Size::Default));
+        let a = Args::from(Cli::parse_from([
+            "compare",
+            "--quick",
+            "--mode",
+            "boxed",
+            "--workload",
+            "W2,w6_scale_1k",
+            "--executor=keyserial,lanes_1x",
+            "--repeat",
+            "2",
+        ]));
+        assert_eq!(a.modes, [Mode::Boxed]);
+        assert_eq!(a.size, Size::Quick);
+        assert_eq!(a.repeat, 2);
+        assert!(a.budget.is_none());
+        assert_eq!(a.workloads.as_deref().map(<[String]>::len), Some(2));
+        assert_eq!(
+            a.executors,
+            Some(vec![Contender::Keyserial, Contender::Lanes1x])
+        );
+        assert!(Cli::try_parse_from(["compare", "--executor", "nope"]).is_err());
+        assert!(Cli::try_parse_from(["compare", "--workload", "W9"]).is_err());
+        assert!(Cli::try_parse_from(["compare", "--repeat", "0"]).is_err());
+        assert!(Cli::try_parse_from(["compare", "--quick", "--full"]).is_err());
     }
 }
