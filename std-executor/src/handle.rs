@@ -186,7 +186,7 @@ mod tests {
     use crate::test_util::{block_on, CountingWaker, Drops};
 
     fn pair<T>() -> (Arc<JoinState<T>>, TaskHandle<T>) {
-        let state = JoinState::new();
+        let state = JoinState::new(Default::default());
         let h = TaskHandle::new(state.clone());
         (state, h)
     }

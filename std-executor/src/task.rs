@@ -463,7 +463,7 @@ mod tests {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        let state = JoinState::new();
+        let state = JoinState::new(Default::default());
         let handle = TaskHandle::new(state.clone());
         (TaskRef::new(Joined { f, state }, kind, permits), handle)
     }

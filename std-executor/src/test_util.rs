@@ -86,7 +86,7 @@ impl Drop for Counted {
 /// it); panics on any other outcome.
 pub(crate) fn payload(e: TaskError) -> Box<dyn Any + Send> {
     match e {
-        TaskError::Panicked(p) => p,
+        TaskError::Panicked(p) => p.into_panic(),
         other => panic!("expected Panicked, got {other:?}"),
     }
 }
