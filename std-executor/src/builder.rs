@@ -5,7 +5,7 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use crate::{BuildError, BuildErrorKind, Serializer};
+use crate::error::{BuildError, BuildErrorKind};
 
 /// Configures and builds a [`Serializer`].
 ///
@@ -183,24 +183,9 @@ where
         self
     }
 
-    /// Checks the settings and starts the serializer's threads.
-    ///
-    /// # Errors
-    /// A [`BuildError`] whose [`kind`](BuildError::kind) says what is wrong: `workers(0)`
-    /// ([`ZeroWorkers`](BuildErrorKind::ZeroWorkers)), `max_workers` below `workers`
-    /// ([`MaxWorkersBelowWorkers`](BuildErrorKind::MaxWorkersBelowWorkers)), more than 4,096
-    /// threads ([`TooManyWorkers`](BuildErrorKind::TooManyWorkers)), `fairness_budget(0)`
-    /// ([`ZeroFairnessBudget`](BuildErrorKind::ZeroFairnessBudget)), `capacity(0)`
-    /// ([`ZeroCapacity`](BuildErrorKind::ZeroCapacity)), or a thread the operating system would
-    /// not start ([`ThreadSpawn`](BuildErrorKind::ThreadSpawn)).
-    ///
-    /// ```
-    /// use keyserial::{BuildErrorKind, Builder};
-    /// let err = Builder::<u8>::new().workers(2).max_workers(1).build().unwrap_err();
-    /// assert_eq!(err.kind(), BuildErrorKind::MaxWorkersBelowWorkers);
-    /// assert!(err.to_string().contains("max_workers"));
-    /// ```
-    pub fn build(self) -> Result<Serializer<K>, BuildError> {
+    /// The worker counts (`workers`, `max_workers`) of a valid configuration, or why it is
+    /// invalid. `build` (in `serializer.rs`, which owns the start-up) calls this first.
+    pub(crate) fn checked(&self) -> Result<(usize, usize), BuildError> {
         let err = |kind| Err(BuildError::invalid(kind));
         let workers = self.workers.unwrap_or_else(|| {
             std::thread::available_parallelism()
@@ -223,6 +208,6 @@ where
         if self.capacity == Some(0) {
             return err(BuildErrorKind::ZeroCapacity);
         }
-        Serializer::start(self, workers, max_workers).map_err(BuildError::spawn)
+        Ok((workers, max_workers))
     }
 }

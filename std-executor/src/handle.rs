@@ -9,8 +9,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
+use crate::error::TaskError;
 use crate::sync::{lock, Arc, AtomicBool, Condvar, Mutex, Ordering};
-use crate::TaskError;
 
 pub(crate) struct JoinState<T> {
     done: AtomicBool,

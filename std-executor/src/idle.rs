@@ -1,5 +1,7 @@
 //! Idle release of keys: a key's chain is retired `key_idle_timeout` after it drains, even if
-//! nothing else is ever submitted, so memory does not grow with the keys ever seen.
+//! nothing else is ever submitted, so memory does not grow with the keys ever seen. This module
+//! is the worker side ([`IdleKeys`]: a worker's FIFO of idle keys and its garbage list); the
+//! key's own word is `idle_word.rs`.
 //!
 //! # Protocol
 //!
@@ -32,64 +34,11 @@ use std::collections::VecDeque;
 use std::ptr::NonNull;
 
 use crossbeam_epoch::Guard;
-use keyserial_core::chain::{Chain, Linked};
 use keyserial_core::table::Unlinked;
 
-use crate::shared::{IdleItem, KeyEntry, KeyState, Shared};
-use crate::sync::{AtomicU64, Ordering};
-
-const QUEUED: u64 = 1;
-
-/// A key's idle word: `(release tick << 1) | QUEUED` (see the module docs).
-#[derive(Debug, Default)]
-pub struct IdleWord(AtomicU64);
-
-/// What the holder of a key's idle item must do with it (see [`IdleWord::reap`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reap {
-    /// The chain was idle and empty and is now retired: unlink it from the table.
-    Retired,
-    /// Keep the item, with this deadline.
-    Requeue(u64),
-    /// The key is active again: the item is dropped (a later release queues a new one).
-    Dropped,
-}
-
-impl IdleWord {
-    /// A word with no item queued.
-    pub fn new() -> IdleWord {
-        IdleWord(AtomicU64::new(0))
-    }
-
-    /// After the key's chain was released at `now`: records the tick and returns `true` if the
-    /// caller set `QUEUED` and so must queue the key's one idle item.
-    pub fn released(&self, now: u64) -> bool {
-        self.0.swap((now << 1) | QUEUED, Ordering::AcqRel) & QUEUED == 0
-    }
-
-    /// The holder of the key's idle item, at `now`, with the idle `timeout` (`force`: ignore the
-    /// time, as at shutdown): retire the key if it stayed idle long enough, keep the item if it was
-    /// released again since, or drop the item if the key is active.
-    pub fn reap<N: Linked>(&self, chain: &Chain<N>, now: u64, timeout: u64, force: bool) -> Reap {
-        let last = self.0.load(Ordering::Acquire) >> 1;
-        if !force && last + timeout > now {
-            return Reap::Requeue(last + timeout);
-        }
-        if chain.try_retire() {
-            return Reap::Retired;
-        }
-        // Active again: drop our item; a later release queues a new one...
-        self.0.fetch_and(!QUEUED, Ordering::AcqRel);
-        // ...unless it was released before our fetch_and saw its swap: then re-queue it here.
-        if chain.is_idle() {
-            let prev = self.0.fetch_or(QUEUED, Ordering::AcqRel);
-            if prev & QUEUED == 0 {
-                return Reap::Requeue((prev >> 1) + timeout);
-            }
-        }
-        Reap::Dropped
-    }
-}
+use crate::idle_word::Reap;
+use crate::key::{IdleItem, KeyEntry, KeyState};
+use crate::shared::Shared;
 
 /// The most idle keys one worker keeps waiting for their timeout; beyond this the oldest is
 /// released at once. A hot working set of up to this many keys per worker skips re-creating key
@@ -105,7 +54,7 @@ pub(crate) const IDLE_CAP: usize = 1 << 10;
 pub(crate) const GARBAGE_BATCH: usize = 64;
 
 /// A worker's unlinked entries, waiting for a batched deferred free.
-pub(crate) type Garbage<K> = Vec<Unlinked<K, crate::shared::KeyState>>;
+pub(crate) type Garbage<K> = Vec<Unlinked<K, KeyState>>;
 
 /// Retires a key with `retire` (the chain's or the idle word's retire) and, if that succeeded,
 /// unlinks it and queues its entry for a batched free. Retiring inside the table's call is what
@@ -134,7 +83,7 @@ unsafe fn retire_unlink<K>(
 }
 
 /// Called by the worker that just released `entry`'s chain, with a guard pinned before the release.
-pub(crate) fn released<K>(
+fn released<K>(
     shared: &Shared<K>,
     entry_ptr: NonNull<KeyEntry<K>>,
     guard: &Guard,
@@ -236,7 +185,7 @@ fn reap_front<K>(
 }
 
 /// Retires the keys whose timeout passed (all of them if `all`).
-pub(crate) fn reap<K>(
+fn reap<K>(
     shared: &Shared<K>,
     fifo: &mut VecDeque<IdleItem<K>>,
     garbage: &mut Garbage<K>,
@@ -255,5 +204,85 @@ pub(crate) fn reap<K>(
             break;
         }
         reap_front(shared, fifo, garbage, &guard, now, timeout, all);
+    }
+}
+
+/// One worker's idle keys: the FIFO of keys waiting for their timeout (deadline order) and the
+/// entries it unlinked that wait for a batched deferred free. Owned by its worker thread.
+pub(crate) struct IdleKeys<K> {
+    fifo: VecDeque<IdleItem<K>>,
+    garbage: Garbage<K>,
+}
+
+impl<K> IdleKeys<K>
+where
+    K: std::hash::Hash + Eq + Send + Sync + 'static,
+{
+    pub(crate) fn new() -> Self {
+        IdleKeys {
+            fifo: VecDeque::new(),
+            garbage: Vec::new(),
+        }
+    }
+
+    /// No key is waiting for its timeout.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.fifo.is_empty()
+    }
+
+    /// The earliest deadline, if any key waits.
+    pub(crate) fn next_deadline(&self) -> Option<u64> {
+        self.fifo.front().map(|i| i.deadline)
+    }
+
+    /// The worker just released `entry_ptr`'s chain, under `guard` pinned before the release
+    /// (`now`: the worker's clock, read lazily).
+    pub(crate) fn released(
+        &mut self,
+        shared: &Shared<K>,
+        entry_ptr: NonNull<KeyEntry<K>>,
+        guard: &Guard,
+        now: &mut u64,
+    ) {
+        released(
+            shared,
+            entry_ptr,
+            guard,
+            &mut self.fifo,
+            &mut self.garbage,
+            now,
+        );
+    }
+
+    /// Retires the keys whose timeout passed by `now` (every key if `all`).
+    pub(crate) fn reap(&mut self, shared: &Shared<K>, now: u64, all: bool) {
+        if !self.fifo.is_empty() {
+            reap(shared, &mut self.fifo, &mut self.garbage, now, all);
+        }
+    }
+
+    /// Takes over the items of a worker that exited.
+    pub(crate) fn adopt(&mut self, items: impl IntoIterator<Item = IdleItem<K>>) {
+        self.fifo.extend(items);
+    }
+
+    /// Gives up every item (an exiting worker's, for another to adopt).
+    pub(crate) fn take_items(&mut self) -> Vec<IdleItem<K>> {
+        self.fifo.drain(..).collect()
+    }
+
+    /// Forgets every item: at shutdown, the keys still listed are freed with the table.
+    pub(crate) fn forget(&mut self) {
+        self.fifo.clear();
+    }
+
+    /// Hands every unlinked entry to the epoch now (before sleeping or exiting).
+    pub(crate) fn flush(&mut self, shared: &Shared<K>) {
+        if !self.garbage.is_empty() {
+            let guard = crossbeam_epoch::pin();
+            shared
+                .table
+                .defer_free(std::mem::take(&mut self.garbage), &guard);
+        }
     }
 }

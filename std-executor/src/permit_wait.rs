@@ -273,3 +273,30 @@ mod tests {
         }));
     }
 }
+
+/// The executor's waits: each carries the parked key and its semaphore-side request.
+mod parked {
+    use std::ptr::NonNull;
+
+    use super::WaitRegistry;
+    use crate::key::KeyEntry;
+    use crate::semaphore::WaiterToken;
+    use crate::sync::Mutex;
+
+    /// What a permit wait carries: the parked key and its semaphore-side request.
+    pub(crate) struct Parked<K> {
+        pub(crate) entry: NonNull<KeyEntry<K>>,
+        /// The semaphore-side request, so `shutdown_now` can withdraw it from the queue.
+        pub(crate) token: Mutex<Option<WaiterToken>>,
+    }
+
+    // SAFETY: the entry pointer is only dereferenced by whoever holds the chain's baton (decided by
+    // the wait's hand-off CAS); entries are Sync.
+    unsafe impl<K: Send + Sync> Send for Parked<K> {}
+    // SAFETY: as above.
+    unsafe impl<K: Send + Sync> Sync for Parked<K> {}
+
+    /// The serializer's registry of chains parked on permits.
+    pub(crate) type PermitWaits<K> = WaitRegistry<Parked<K>>;
+}
+pub(crate) use parked::{Parked, PermitWaits};

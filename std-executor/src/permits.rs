@@ -65,27 +65,12 @@
 use std::ptr::NonNull;
 use std::sync::{Arc, Weak};
 
-use crate::permit_wait::{PermitWait, WaitRegistry};
-use crate::semaphore::{AcquireError, Permit, WaiterToken};
-use crate::shared::{KeyEntry, Runnable, Shared};
+use crate::key::{KeyEntry, Runnable};
+use crate::permit_wait::{Parked, PermitWait};
+use crate::semaphore::{AcquireError, Permit};
+use crate::shared::Shared;
 use crate::sync::{lock, Mutex, Ordering};
 use crate::task::{Abandon, TaskRef};
-
-/// What a permit wait carries: the parked key and its semaphore-side request.
-pub(crate) struct Parked<K> {
-    entry: NonNull<KeyEntry<K>>,
-    /// The semaphore-side request, so `shutdown_now` can withdraw it from the queue.
-    token: Mutex<Option<WaiterToken>>,
-}
-
-// SAFETY: the entry pointer is only dereferenced by whoever holds the chain's baton (decided by
-// the wait's hand-off CAS); entries are Sync.
-unsafe impl<K: Send + Sync> Send for Parked<K> {}
-// SAFETY: as above.
-unsafe impl<K: Send + Sync> Sync for Parked<K> {}
-
-/// The serializer's registry of chains parked on permits.
-pub(crate) type PermitWaits<K> = WaitRegistry<Parked<K>>;
 
 pub(crate) enum PermitOutcome {
     /// Run the task with these permits.

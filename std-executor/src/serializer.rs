@@ -11,15 +11,19 @@ use crossbeam_deque::Worker;
 use keyserial_core::chain::{Pushed, Retired};
 
 use crate::builder::Builder;
+use crate::error::{BuildError, RejectReason, Rejected};
 use crate::handle::{JoinState, OriginCheck, TaskHandle};
+use crate::key::{KeyEntry, KeyState, Runnable};
 use crate::latest::Offer;
+use crate::pending::PendingTask;
 use crate::phase::Stopped;
 use crate::semaphore::Semaphore;
-use crate::shared::{Config, KeyEntry, KeyState, Runnable, Shared};
+use crate::shared::{Config, Shared};
+use crate::slot::Owned;
+use crate::stats::Stats;
 use crate::sync::{lock, Ordering, Parker};
 use crate::task::{Abandon, Detached, Job, Joined, Kind, TaskRef};
-use crate::worker::{self, drain_chain, Owned};
-use crate::{RejectReason, Rejected, Stats};
+use crate::worker::{self, drain_chain};
 
 /// Runs tasks **in order per key and in parallel across keys** on a small pool of OS threads.
 ///
@@ -807,6 +811,33 @@ where
     }
 }
 
+impl<K> Builder<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// Checks the settings and starts the serializer's threads.
+    ///
+    /// # Errors
+    /// A [`BuildError`] whose [`kind`](BuildError::kind) says what is wrong: `workers(0)`
+    /// ([`ZeroWorkers`](crate::BuildErrorKind::ZeroWorkers)), `max_workers` below `workers`
+    /// ([`MaxWorkersBelowWorkers`](crate::BuildErrorKind::MaxWorkersBelowWorkers)), more than 4,096
+    /// threads ([`TooManyWorkers`](crate::BuildErrorKind::TooManyWorkers)), `fairness_budget(0)`
+    /// ([`ZeroFairnessBudget`](crate::BuildErrorKind::ZeroFairnessBudget)), `capacity(0)`
+    /// ([`ZeroCapacity`](crate::BuildErrorKind::ZeroCapacity)), or a thread the operating system would
+    /// not start ([`ThreadSpawn`](crate::BuildErrorKind::ThreadSpawn)).
+    ///
+    /// ```
+    /// use keyserial::{BuildErrorKind, Builder};
+    /// let err = Builder::<u8>::new().workers(2).max_workers(1).build().unwrap_err();
+    /// assert_eq!(err.kind(), BuildErrorKind::MaxWorkersBelowWorkers);
+    /// assert!(err.to_string().contains("max_workers"));
+    /// ```
+    pub fn build(self) -> Result<Serializer<K>, BuildError> {
+        let (workers, max_workers) = self.checked()?;
+        Serializer::start(self, workers, max_workers).map_err(BuildError::spawn)
+    }
+}
+
 /// Debug builds: the serializer and key of a handle's task (see [`crate::handle::Origin`]).
 #[cfg(debug_assertions)]
 struct KeyOrigin<K> {
@@ -851,76 +882,6 @@ where
         // the table, which `sh` keeps alive.
         let same = unsafe { entry.as_ref() }.key() == &self.key;
         same && !sh.stop.load(Ordering::Acquire)
-    }
-}
-
-/// A task handed back by [`Serializer::shutdown_now`]: never started. Run it yourself with
-/// [`run`](Self::run), or drop it (its handle, if any, resolves `Cancelled`).
-///
-/// ```
-/// use keyserial::Builder;
-/// let s = Builder::<&str>::new().workers(1).build().unwrap();
-/// let (tx, rx) = std::sync::mpsc::channel::<()>();
-/// s.execute("a", move || { rx.recv().ok(); }).unwrap();
-/// while s.stats().running == 0 { std::thread::yield_now(); }
-/// let h = s.submit("b", || 5).unwrap();
-/// let pending = s.shutdown_now();
-/// tx.send(()).unwrap();
-/// assert_eq!(pending.len(), 1);
-/// assert_eq!(pending[0].key(), Some(&"b"));
-/// for p in pending { p.run(); }
-/// assert_eq!(h.join().unwrap(), 5);
-/// ```
-pub struct PendingTask<K> {
-    key: Option<K>,
-    task: TaskRef,
-}
-
-impl<K> PendingTask<K> {
-    pub(crate) fn new(key: Option<K>, task: TaskRef) -> Self {
-        PendingTask { key, task }
-    }
-
-    /// The task's key; `None` for an unkeyed [`spawn`](Serializer::spawn) task.
-    ///
-    /// ```
-    /// # use keyserial::Builder;
-    /// # let s = Builder::<u8>::new().workers(1).build().unwrap();
-    /// # let (tx, rx) = std::sync::mpsc::channel::<()>();
-    /// # s.execute(0, move || { rx.recv().ok(); }).unwrap();
-    /// # while s.stats().running == 0 { std::thread::yield_now(); }
-    /// let _ = s.spawn(|| ()).unwrap();
-    /// let pending = s.shutdown_now();
-    /// assert_eq!(pending[0].key(), None);
-    /// # tx.send(()).unwrap();
-    /// ```
-    pub fn key(&self) -> Option<&K> {
-        self.key.as_ref()
-    }
-
-    /// Runs the task on the calling thread (a panic is caught and goes to its handle).
-    ///
-    /// ```
-    /// # use keyserial::Builder;
-    /// # let s = Builder::<u8>::new().workers(1).build().unwrap();
-    /// # let (tx, rx) = std::sync::mpsc::channel::<()>();
-    /// # s.execute(0, move || { rx.recv().ok(); }).unwrap();
-    /// # while s.stats().running == 0 { std::thread::yield_now(); }
-    /// let h = s.submit(1, || "ran later").unwrap();
-    /// for p in s.shutdown_now() { p.run(); }
-    /// assert_eq!(h.join().unwrap(), "ran later");
-    /// # tx.send(()).unwrap();
-    /// ```
-    pub fn run(self) {
-        self.task.run(None, &|_| {});
-    }
-}
-
-impl<K: fmt::Debug> fmt::Debug for PendingTask<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PendingTask")
-            .field("key", &self.key)
-            .finish_non_exhaustive()
     }
 }
 

@@ -2,121 +2,23 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::Hash;
-use std::ptr::NonNull;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_deque::{Injector, Stealer};
+use crossbeam_deque::Injector;
 use crossbeam_utils::CachePadded;
-use keyserial_core::chain::Chain;
-use keyserial_core::table::{Entry, Retire, Table};
+use keyserial_core::table::Table;
 
 use crate::capacity::Capacity;
 use crate::gate::Gate;
-use crate::idle::IdleWord;
-use crate::latest::LatestSlot;
+use crate::key::{IdleItem, KeyState, Runnable};
 use crate::nodes::Recycled;
+use crate::pending::PendingTask;
+use crate::permit_wait::PermitWaits;
 use crate::phase::Phase;
 use crate::sleep::Sleep;
+use crate::slot::{Counters, Owned, Slot};
 use crate::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
-use crate::task::{Header, TaskRef};
-use crate::PendingTask;
-
-/// Per-key state: the key's chain plus what the executor keeps per key.
-pub(crate) struct KeyState {
-    pub(crate) chain: Chain<Header>,
-    /// A `submit_distinct` task of this key is queued and not started.
-    pub(crate) distinct: AtomicBool,
-    /// Idle bookkeeping (see `idle.rs`).
-    pub(crate) idle: IdleWord,
-    /// The `submit_latest` coalescing slot (see `latest.rs`).
-    pub(crate) latest: LatestSlot<Header>,
-}
-
-impl KeyState {
-    pub(crate) fn new() -> KeyState {
-        KeyState {
-            chain: Chain::new(),
-            distinct: AtomicBool::new(false),
-            idle: IdleWord::new(),
-            latest: LatestSlot::new(Header::marker()),
-        }
-    }
-
-    /// Turns a node popped from this key's chain into the task to run: the slot's task if the
-    /// node is the latest-slot marker (`None` if it stood for nothing), else the node itself.
-    ///
-    /// # Safety
-    /// The caller owns the chain and just popped `node` from it.
-    pub(crate) unsafe fn popped(&self, node: NonNull<Header>) -> Option<TaskRef> {
-        let node = if self.latest.is_marker(node) {
-            self.latest.take()?
-        } else {
-            node
-        };
-        // SAFETY: popping (or taking from the slot) made the caller the node's unique owner.
-        Some(unsafe { TaskRef::from_raw(node) })
-    }
-}
-
-impl Drop for KeyState {
-    fn drop(&mut self) {
-        if let Some(task) = self.latest.take_mut() {
-            // SAFETY: a task in the slot is owned by the slot, and we are its last user.
-            unsafe { TaskRef::from_raw(task) }.abandon(crate::task::Abandon::Cancelled);
-        }
-    }
-}
-
-impl Retire for KeyState {
-    fn is_retired(&self) -> bool {
-        self.chain.is_retired()
-    }
-}
-
-pub(crate) type KeyEntry<K> = Entry<K, KeyState>;
-
-/// Something a worker can run: a key's chain (owned through its `ACTIVE` baton) or an unkeyed
-/// task.
-pub(crate) enum Runnable<K> {
-    Chain(NonNull<KeyEntry<K>>),
-    Task(TaskRef),
-}
-
-// SAFETY: a `Runnable::Chain` carries the chain's ACTIVE baton between threads; the entry is
-// Sync (K: Sync) and stays allocated while the baton is held (an active chain is never retired).
-unsafe impl<K: Send + Sync> Send for Runnable<K> {}
-
-/// Counters a worker slot writes (single writer at a time) and anyone reads.
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) started: AtomicU64,
-    pub(crate) completed: AtomicU64,
-    pub(crate) panicked: AtomicU64,
-    /// Tasks that left without running: superseded, or cancelled (closed semaphore).
-    pub(crate) dropped: AtomicU64,
-}
-
-impl Counters {
-    /// Single-writer increment: a load and a store, no RMW on the hot path.
-    pub(crate) fn bump(c: &AtomicU64) {
-        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
-    }
-}
-
-/// One worker slot: the stealing end of its local queue, its phase and its counters. Slots
-/// `0..workers` are the core workers; the rest are for elastic extras.
-pub(crate) struct Slot<K> {
-    pub(crate) stealer: Stealer<Runnable<K>>,
-    /// The slot's local deque while no thread owns the slot.
-    pub(crate) local: Mutex<Option<crate::worker::Owned<K>>>,
-    pub(crate) phase: CachePadded<Phase>,
-    /// The entry whose chain the slot's worker is running (valid while `RUNNING`).
-    pub(crate) current: AtomicUsize,
-    pub(crate) counters: CachePadded<Counters>,
-    /// A thread currently owns this slot.
-    pub(crate) alive: AtomicBool,
-}
 
 pub(crate) struct Config {
     pub(crate) workers: usize,
@@ -126,16 +28,6 @@ pub(crate) struct Config {
     pub(crate) fairness_budget: usize,
     pub(crate) thread_name: String,
 }
-
-/// An idle chain waiting for its timeout (see `idle.rs`).
-pub(crate) struct IdleItem<K> {
-    pub(crate) entry: NonNull<KeyEntry<K>>,
-    pub(crate) deadline: u64,
-}
-
-// SAFETY: the entry stays allocated while it is in an idle queue (only the queue's owner may
-// retire it), and entries are Sync.
-unsafe impl<K: Send + Sync> Send for IdleItem<K> {}
 
 pub(crate) struct Shared<K> {
     pub(crate) id: usize,
@@ -170,7 +62,7 @@ pub(crate) struct Shared<K> {
     /// 0 when not starved. Drives the elastic pool.
     pub(crate) starved_since: AtomicU64,
     pub(crate) supervisor: Mutex<Option<crate::sync::Unparker>>,
-    pub(crate) permit_waits: crate::permits::PermitWaits<K>,
+    pub(crate) permit_waits: PermitWaits<K>,
     pub(crate) start: Instant,
 }
 
@@ -193,7 +85,7 @@ where
         config: Config,
         capacity: Option<usize>,
         unparkers: Box<[crate::sync::Unparker]>,
-        owned: Vec<crate::worker::Owned<K>>,
+        owned: Vec<Owned<K>>,
     ) -> Shared<K> {
         let slots: Box<[Slot<K>]> = owned
             .into_iter()
@@ -231,7 +123,7 @@ where
             terminated_cond: Condvar::new(),
             starved_since: AtomicU64::new(0),
             supervisor: Mutex::new(None),
-            permit_waits: crate::permits::PermitWaits::new(),
+            permit_waits: PermitWaits::new(),
             start: Instant::now(),
             config,
         }

@@ -17,11 +17,11 @@ use std::ptr::NonNull;
 
 use keyserial_core::chain::{Link, Linked};
 
+use crate::error::{PanicPayload, TaskError};
 use crate::handle::JoinState;
 use crate::nodes;
 use crate::semaphore::{Permit, Semaphore};
 use crate::sync::Arc;
-use crate::{PanicPayload, TaskError};
 
 /// What kind of submission made the node; the drainer treats each kind differently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

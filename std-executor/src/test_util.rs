@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
 
-use crate::TaskError;
+use crate::error::TaskError;
 
 /// A waker that counts its wakes and unparks the thread that made it.
 pub(crate) struct CountingWaker {

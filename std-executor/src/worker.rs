@@ -48,7 +48,6 @@
 //! while `RUNNING`: each queued task ends up in exactly one place.
 
 use std::cell::Cell;
-use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,11 +55,15 @@ use std::time::Duration;
 use crossbeam_deque::{Steal, Worker};
 use crossbeam_utils::Backoff;
 
+use crate::idle::IdleKeys;
+use crate::key::{KeyEntry, Runnable};
+use crate::pending::PendingTask;
+use crate::permits::PermitOutcome;
 use crate::phase::AfterTask;
-use crate::shared::{Counters, IdleItem, KeyEntry, Runnable, Shared, Slot};
-use crate::sync::{lock, Ordering, Parker};
+use crate::shared::Shared;
+use crate::slot::{Counters, Owned, Slot};
+use crate::sync::{lock, Ordering};
 use crate::task::{Abandon, Kind, TaskRef};
-use crate::PendingTask;
 
 /// How many rounds an idle worker spins (re-searching) before it parks.
 const SPIN_ROUNDS: u32 = 16;
@@ -94,11 +97,6 @@ pub(crate) fn current_worker<K>(id: usize) -> Option<(usize, &'static Worker<Run
 /// `true` if this thread is a worker of serializer `id`.
 pub(crate) fn on_worker_of(id: usize) -> bool {
     CURRENT.with(Cell::get).0 == id
-}
-
-pub(crate) struct Owned<K> {
-    pub(crate) deque: Worker<Runnable<K>>,
-    pub(crate) parker: Parker,
 }
 
 /// Starts the worker thread of `index`. The slot's deque and parker must be free.
@@ -138,9 +136,8 @@ struct WorkerLoop<'a, K> {
     slot: &'a Slot<K>,
     index: usize,
     owned: Option<Owned<K>>,
-    idle: VecDeque<IdleItem<K>>,
-    /// Unlinked entries waiting for a batched deferred free (`idle.rs`).
-    garbage: crate::idle::Garbage<K>,
+    /// Keys released here, waiting for their idle timeout (`idle.rs`).
+    idle: IdleKeys<K>,
     searching: bool,
     tick: u32,
     now: u64,
@@ -163,8 +160,7 @@ where
             slot: &shared.slots[index],
             index,
             owned: Some(owned),
-            idle: VecDeque::new(),
-            garbage: Vec::new(),
+            idle: IdleKeys::new(),
             searching: true,
             tick: 0,
             now: shared.now_ms(),
@@ -272,8 +268,8 @@ where
 
     fn park_timeout(&self, idle_since: u64) -> Duration {
         let mut ms: u64 = 1000;
-        if let Some(front) = self.idle.front() {
-            ms = ms.min(front.deadline.saturating_sub(self.now).max(1));
+        if let Some(deadline) = self.idle.next_deadline() {
+            ms = ms.min(deadline.saturating_sub(self.now).max(1));
         }
         if self.index >= self.shared.config.workers {
             let keep = self.shared.config.worker_keep_alive.as_millis() as u64;
@@ -458,12 +454,12 @@ where
                 Kind::Distinct => ks.distinct.store(false, Ordering::Release),
                 Kind::Permits => {
                     match crate::permits::acquire_or_park(self.shared, entry_ptr, task) {
-                        crate::permits::PermitOutcome::Run(t, p) => {
+                        PermitOutcome::Run(t, p) => {
                             task = t;
                             permit = p;
                         }
-                        crate::permits::PermitOutcome::Parked => return After::Continue,
-                        crate::permits::PermitOutcome::Dropped => {
+                        PermitOutcome::Parked => return After::Continue,
+                        PermitOutcome::Dropped => {
                             self.bump(|c| &c.dropped);
                             self.release_capacity();
                             continue;
@@ -512,40 +508,20 @@ where
 
     /// The chain was released: idle bookkeeping. `guard` was pinned before the release.
     fn released(&mut self, entry_ptr: NonNull<KeyEntry<K>>, guard: &crossbeam_epoch::Guard) {
-        crate::idle::released(
-            self.shared,
-            entry_ptr,
-            guard,
-            &mut self.idle,
-            &mut self.garbage,
-            &mut self.now,
-        );
+        self.idle
+            .released(self.shared, entry_ptr, guard, &mut self.now);
     }
 
     fn reap_idle(&mut self, all: bool) {
         if self.index == 0 {
-            let mut orphans = lock(&self.shared.orphans);
-            self.idle.extend(orphans.drain(..));
+            self.idle.adopt(lock(&self.shared.orphans).drain(..));
         }
-        if !self.idle.is_empty() {
-            crate::idle::reap(
-                self.shared,
-                &mut self.idle,
-                &mut self.garbage,
-                self.now,
-                all,
-            );
-        }
+        self.idle.reap(self.shared, self.now, all);
     }
 
     /// Hands every unlinked entry to the epoch now (before sleeping or exiting).
     fn flush_garbage(&mut self) {
-        if !self.garbage.is_empty() {
-            let guard = crossbeam_epoch::pin();
-            self.shared
-                .table
-                .defer_free(std::mem::take(&mut self.garbage), &guard);
-        }
+        self.idle.flush(self.shared);
     }
 
     fn exit(mut self) {
@@ -564,9 +540,10 @@ where
             if self.index == 0 {
                 // Worker 0 exits only at shutdown: what is left (keys active again) is freed
                 // with the table.
-                self.idle.clear();
+                self.idle.forget();
             } else {
-                lock(&self.shared.orphans).extend(self.idle.drain(..));
+                let items = self.idle.take_items();
+                lock(&self.shared.orphans).extend(items);
             }
         }
         // Elastic slots are reused: give the deque and parker back.

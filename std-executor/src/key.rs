@@ -1,0 +1,87 @@
+//! A key's state in the table (its chain, idle word, distinct flag and latest slot), and what a
+//! ready queue carries: a key's chain or an unkeyed task.
+
+use std::ptr::NonNull;
+
+use keyserial_core::chain::Chain;
+use keyserial_core::table::{Entry, Retire};
+
+use crate::idle_word::IdleWord;
+use crate::latest::LatestSlot;
+use crate::sync::AtomicBool;
+use crate::task::{Abandon, Header, TaskRef};
+
+/// Per-key state: the key's chain plus what the executor keeps per key.
+pub(crate) struct KeyState {
+    pub(crate) chain: Chain<Header>,
+    /// A `submit_distinct` task of this key is queued and not started.
+    pub(crate) distinct: AtomicBool,
+    /// Idle bookkeeping (see `idle_word.rs`).
+    pub(crate) idle: IdleWord,
+    /// The `submit_latest` coalescing slot (see `latest.rs`).
+    pub(crate) latest: LatestSlot<Header>,
+}
+
+impl KeyState {
+    pub(crate) fn new() -> KeyState {
+        KeyState {
+            chain: Chain::new(),
+            distinct: AtomicBool::new(false),
+            idle: IdleWord::new(),
+            latest: LatestSlot::new(Header::marker()),
+        }
+    }
+
+    /// Turns a node popped from this key's chain into the task to run: the slot's task if the
+    /// node is the latest-slot marker (`None` if it stood for nothing), else the node itself.
+    ///
+    /// # Safety
+    /// The caller owns the chain and just popped `node` from it.
+    pub(crate) unsafe fn popped(&self, node: NonNull<Header>) -> Option<TaskRef> {
+        let node = if self.latest.is_marker(node) {
+            self.latest.take()?
+        } else {
+            node
+        };
+        // SAFETY: popping (or taking from the slot) made the caller the node's unique owner.
+        Some(unsafe { TaskRef::from_raw(node) })
+    }
+}
+
+impl Drop for KeyState {
+    fn drop(&mut self) {
+        if let Some(task) = self.latest.take_mut() {
+            // SAFETY: a task in the slot is owned by the slot, and we are its last user.
+            unsafe { TaskRef::from_raw(task) }.abandon(Abandon::Cancelled);
+        }
+    }
+}
+
+impl Retire for KeyState {
+    fn is_retired(&self) -> bool {
+        self.chain.is_retired()
+    }
+}
+
+pub(crate) type KeyEntry<K> = Entry<K, KeyState>;
+
+/// Something a worker can run: a key's chain (owned through its `ACTIVE` baton) or an unkeyed
+/// task.
+pub(crate) enum Runnable<K> {
+    Chain(NonNull<KeyEntry<K>>),
+    Task(TaskRef),
+}
+
+// SAFETY: a `Runnable::Chain` carries the chain's ACTIVE baton between threads; the entry is
+// Sync (K: Sync) and stays allocated while the baton is held (an active chain is never retired).
+unsafe impl<K: Send + Sync> Send for Runnable<K> {}
+
+/// An idle chain waiting for its timeout (see `idle.rs`).
+pub(crate) struct IdleItem<K> {
+    pub(crate) entry: NonNull<KeyEntry<K>>,
+    pub(crate) deadline: u64,
+}
+
+// SAFETY: the entry stays allocated while it is in an idle queue (only the queue's owner may
+// retire it), and entries are Sync.
+unsafe impl<K: Send + Sync> Send for IdleItem<K> {}
