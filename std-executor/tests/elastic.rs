@@ -239,3 +239,37 @@ fn extra_workers_stop_at_max_workers_and_leave_after_keep_alive() {
         s.stats().workers == 1
     });
 }
+
+#[test]
+fn a_burst_of_sleeping_tasks_grows_a_wide_pool() {
+    // Issue 13's new-user case: ten keys submitted up front, each task sleeping 10 ms, with
+    // max_workers(16): the pool must grow beyond its two core workers while they sleep.
+    let s = Builder::<u32>::new()
+        .workers(2)
+        .max_workers(16)
+        .worker_keep_alive(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let peak = Arc::new(AtomicUsize::new(0));
+    let running = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = (0..10)
+        .map(|k| {
+            let (peak, running) = (peak.clone(), running.clone());
+            s.submit(k, move || {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                thread::sleep(Duration::from_millis(10));
+                running.fetch_sub(1, Ordering::SeqCst);
+            })
+            .unwrap()
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert!(
+        peak.load(Ordering::SeqCst) > 2,
+        "the pool grew while its workers slept (peak {} tasks at once)",
+        peak.load(Ordering::SeqCst)
+    );
+}
