@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 use crossbeam_epoch::Guard;
 
 use super::entry::Entry;
-use super::word::{Home, Kind, Slot, Word};
+use super::word::{Home, Kind, Slot, Word, COLL, INNER, LEAF};
 use super::FANOUT;
 use crate::sync::{AtomicUsize, Ordering};
 
@@ -114,4 +114,92 @@ pub(super) unsafe fn replace_collision<K, V>(
     // raw pointers (entries are freed separately).
     unsafe { guard.defer_unchecked(move || drop(Box::from_raw(p))) };
     Ok(new)
+}
+
+/// A [`Word`] decoded into a reference to what it points to.
+pub(super) enum Node<'a, K, V> {
+    Empty,
+    Leaf(&'a Entry<K, V>),
+    Inner(&'a Inner),
+    Collision(&'a Collision<K, V>),
+}
+
+/// The typed side of [`Word`]: which node type each tag stands for.
+impl Word {
+    /// A leaf: the entry `e`.
+    pub(super) fn leaf<K, V>(e: *const Entry<K, V>) -> Word {
+        Word::tagged(e as usize, LEAF)
+    }
+
+    /// An inner node.
+    pub(super) fn inner(n: *const Inner) -> Word {
+        Word::tagged(n as usize, INNER)
+    }
+
+    /// A collision node.
+    pub(super) fn collision<K, V>(c: *const Collision<K, V>) -> Word {
+        Word::tagged(c as usize, COLL)
+    }
+
+    /// The entry of a leaf word.
+    pub(super) fn entry<K, V>(self) -> *const Entry<K, V> {
+        debug_assert_eq!(self.kind(), Kind::Leaf);
+        self.addr() as *const Entry<K, V>
+    }
+
+    /// The node of an inner word.
+    pub(super) fn inner_node(self) -> *const Inner {
+        debug_assert_eq!(self.kind(), Kind::Inner);
+        self.addr() as *const Inner
+    }
+
+    /// The node of a collision word.
+    pub(super) fn collision_node<K, V>(self) -> *const Collision<K, V> {
+        debug_assert_eq!(self.kind(), Kind::Collision);
+        self.addr() as *const Collision<K, V>
+    }
+
+    /// The word as a reference to what it points to.
+    ///
+    /// # Safety
+    /// Whatever the word points to stays allocated for `'a`: it is private to the caller, or the
+    /// word was loaded from the table while a guard was pinned that outlives `'a`.
+    pub(super) unsafe fn node<'a, K, V>(self) -> Node<'a, K, V> {
+        match self.kind() {
+            Kind::Empty => Node::Empty,
+            // SAFETY: per the contract the entry is allocated for 'a; the tag says it is one.
+            Kind::Leaf => Node::Leaf(unsafe { &*self.entry::<K, V>() }),
+            // SAFETY: as above, for an inner node.
+            Kind::Inner => Node::Inner(unsafe { &*self.inner_node() }),
+            // SAFETY: as above, for a collision node.
+            Kind::Collision => Node::Collision(unsafe { &*self.collision_node::<K, V>() }),
+        }
+    }
+}
+
+/// The typed side of [`Home`]: homes name slots of inner nodes.
+impl Home {
+    /// The home of `slot`, a slot of `node` (`None`: a root slot).
+    pub(super) fn of(slot: &Slot, node: Option<&Inner>) -> Home {
+        match node {
+            None => Home::ROOT,
+            Some(n) => {
+                let base = n.slots.as_ptr() as usize;
+                let index = (slot as *const Slot as usize - base) / core::mem::size_of::<Slot>();
+                debug_assert!(index < FANOUT);
+                Home(n as *const Inner as usize | index)
+            }
+        }
+    }
+
+    /// The inner node this home names and the slot's index in it; `None` for [`Home::ROOT`].
+    pub(super) fn node(self) -> Option<(*const Inner, usize)> {
+        if self == Home::ROOT {
+            return None;
+        }
+        Some((
+            (self.0 & !(FANOUT - 1)) as *const Inner,
+            self.0 & (FANOUT - 1),
+        ))
+    }
 }

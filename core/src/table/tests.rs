@@ -1,7 +1,8 @@
 //! The table's unit tests (the loom models are in `loom/tests/table.rs`).
 
+use super::node::Node;
 use super::node::FROZEN;
-use super::word::{Home, Node};
+use super::word::Home;
 use super::*;
 use core::alloc::Layout;
 use core::ptr::NonNull;

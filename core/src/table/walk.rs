@@ -4,8 +4,9 @@
 use crossbeam_epoch::Guard;
 
 use super::entry::Entry;
+use super::node::Node;
 use super::node::{Collision, Inner};
-use super::word::{Node, Slot, Word};
+use super::word::{Slot, Word};
 use super::{NODE_BITS, ROOT_BITS};
 use crate::sync::Ordering;
 

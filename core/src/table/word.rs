@@ -1,16 +1,13 @@
 //! The words the trie is made of: a slot's [`Word`] (empty, or a pointer tagged with what it points
 //! to), the atomic [`Slot`] that holds one, and the [`Home`] word that names a slot.
 
-use super::entry::Entry;
-use super::node::{Collision, Inner};
-use super::FANOUT;
 use crate::sync::{AtomicUsize, Ordering};
 
 /// The low bits of a [`Word`] that say what its pointer points to.
 const TAG_MASK: usize = 0b11;
-const LEAF: usize = 0b00;
-const INNER: usize = 0b01;
-const COLL: usize = 0b10;
+pub(super) const LEAF: usize = 0b00;
+pub(super) const INNER: usize = 0b01;
+pub(super) const COLL: usize = 0b10;
 
 /// What a slot holds: `0` (empty), or the address of an entry (`LEAF`), an inner node (`INNER`)
 /// or a collision node (`COLL`) with the tag in its low two bits (every target is at least
@@ -32,36 +29,13 @@ pub(super) enum Kind {
     Collision,
 }
 
-/// A [`Word`] decoded into a reference to what it points to.
-pub(super) enum Node<'a, K, V> {
-    Empty,
-    Leaf(&'a Entry<K, V>),
-    Inner(&'a Inner),
-    Collision(&'a Collision<K, V>),
-}
-
 impl Word {
     /// The empty slot.
     pub(super) const EMPTY: Word = Word(0);
 
-    fn tagged(addr: usize, tag: usize) -> Word {
+    pub(super) fn tagged(addr: usize, tag: usize) -> Word {
         debug_assert!(addr != 0 && addr & TAG_MASK == 0, "misaligned or null node");
         Word(addr | tag)
-    }
-
-    /// A leaf: the entry `e`.
-    pub(super) fn leaf<K, V>(e: *const Entry<K, V>) -> Word {
-        Word::tagged(e as usize, LEAF)
-    }
-
-    /// An inner node.
-    pub(super) fn inner(n: *const Inner) -> Word {
-        Word::tagged(n as usize, INNER)
-    }
-
-    /// A collision node.
-    pub(super) fn collision<K, V>(c: *const Collision<K, V>) -> Word {
-        Word::tagged(c as usize, COLL)
     }
 
     /// What the word holds.
@@ -79,43 +53,8 @@ impl Word {
         self.0 == 0
     }
 
-    fn addr(self) -> usize {
+    pub(super) fn addr(self) -> usize {
         self.0 & !TAG_MASK
-    }
-
-    /// The entry of a leaf word.
-    pub(super) fn entry<K, V>(self) -> *const Entry<K, V> {
-        debug_assert_eq!(self.kind(), Kind::Leaf);
-        self.addr() as *const Entry<K, V>
-    }
-
-    /// The node of an inner word.
-    pub(super) fn inner_node(self) -> *const Inner {
-        debug_assert_eq!(self.kind(), Kind::Inner);
-        self.addr() as *const Inner
-    }
-
-    /// The node of a collision word.
-    pub(super) fn collision_node<K, V>(self) -> *const Collision<K, V> {
-        debug_assert_eq!(self.kind(), Kind::Collision);
-        self.addr() as *const Collision<K, V>
-    }
-
-    /// The word as a reference to what it points to.
-    ///
-    /// # Safety
-    /// Whatever the word points to stays allocated for `'a`: it is private to the caller, or the
-    /// word was loaded from the table while a guard was pinned that outlives `'a`.
-    pub(super) unsafe fn node<'a, K, V>(self) -> Node<'a, K, V> {
-        match self.kind() {
-            Kind::Empty => Node::Empty,
-            // SAFETY: per the contract the entry is allocated for 'a; the tag says it is one.
-            Kind::Leaf => Node::Leaf(unsafe { &*self.entry::<K, V>() }),
-            // SAFETY: as above, for an inner node.
-            Kind::Inner => Node::Inner(unsafe { &*self.inner_node() }),
-            // SAFETY: as above, for a collision node.
-            Kind::Collision => Node::Collision(unsafe { &*self.collision_node::<K, V>() }),
-        }
     }
 }
 
@@ -153,36 +92,14 @@ impl Slot {
 /// A *home word* names one slot of the table: [`Home::ROOT`] for the root slot of the hash at
 /// hand, else the address of an inner node ORed with the slot's index in it (inner nodes are
 /// 16-byte aligned, so the index fits in the low 4 bits). See "Home slots" in the module docs.
+/// (Its ties to inner nodes, like [`Word`]'s typed constructors, are in `node.rs`, so that this
+/// file knows no node type.)
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) struct Home(usize);
+pub(super) struct Home(pub(super) usize);
 
 impl Home {
     /// The root slot of the hash at hand.
     pub(super) const ROOT: Home = Home(0);
-
-    /// The home of `slot`, a slot of `node` (`None`: a root slot).
-    pub(super) fn of(slot: &Slot, node: Option<&Inner>) -> Home {
-        match node {
-            None => Home::ROOT,
-            Some(n) => {
-                let base = n.slots.as_ptr() as usize;
-                let index = (slot as *const Slot as usize - base) / core::mem::size_of::<Slot>();
-                debug_assert!(index < FANOUT);
-                Home(n as *const Inner as usize | index)
-            }
-        }
-    }
-
-    /// The inner node this home names and the slot's index in it; `None` for [`Home::ROOT`].
-    pub(super) fn node(self) -> Option<(*const Inner, usize)> {
-        if self == Home::ROOT {
-            return None;
-        }
-        Some((
-            (self.0 & !(FANOUT - 1)) as *const Inner,
-            self.0 & (FANOUT - 1),
-        ))
-    }
 
     /// The raw bits, for an atomic home cell.
     pub(super) fn to_bits(self) -> usize {
