@@ -1,6 +1,5 @@
 //! The state shared by a serializer's handle, its workers and its supervisor.
 
-use std::collections::hash_map::RandomState;
 use std::hash::Hash;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -33,8 +32,10 @@ pub(crate) struct Shared<K> {
     pub(crate) id: usize,
     pub(crate) config: Config,
     /// Entries come from the per-thread recycling caches: a key is created on the submitter and
-    /// freed wherever the epoch runs its deferred frees.
-    pub(crate) table: Table<K, KeyState, RandomState, Recycled>,
+    /// freed wherever the epoch runs its deferred frees. Keys are hashed with foldhash (hashbrown's
+    /// default), randomly seeded per serializer: every submit hashes its key, and SipHash costs
+    /// several times more instructions on a small key.
+    pub(crate) table: Table<K, KeyState, foldhash::fast::RandomState, Recycled>,
     /// Where outside submitters and yielding chains queue runnables: any worker takes from it
     /// (see `worker.rs`, "Finding work").
     pub(crate) global: CachePadded<Injector<Runnable<K>>>,
@@ -102,7 +103,7 @@ where
         Shared {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             table: Table::with_hasher_and_collector(
-                RandomState::new(),
+                foldhash::fast::RandomState::default(),
                 crossbeam_epoch::default_collector().clone(),
             ),
             global: CachePadded::new(Injector::new()),
