@@ -189,6 +189,7 @@ pub mod loom_api {
     pub use crate::capacity::Capacity;
     pub use crate::gate::{Gate, Ticket};
     pub use crate::idle::{IdleWord, Reap};
+    pub use crate::latest::{LatestSlot, Offer};
     pub use crate::permit_wait::{Handoff, PermitWait, WaitRegistry, Winner};
     pub use crate::phase::{AfterTask, Phase, Stopped};
     pub use crate::semaphore::loom_hooks as semaphore;
