@@ -314,14 +314,15 @@ where
     fn found(&mut self, r: Runnable<K>) -> After {
         if std::mem::take(&mut self.searching)
             && self.shared.sleep.stop_searching()
-            && self.shared.has_visible_work()
+            && self
+                .shared
+                .sleep
+                .unattended(|| self.shared.has_visible_work())
         {
             // The last searcher found work and more is waiting (perhaps pushed while we were
             // searching, when the submit woke nobody): get another worker looking, or, if none
             // is idle, tell the elastic pool that every worker is busy while work waits.
-            if !self.shared.sleep.wake_one() && !self.shared.sleep.has_idle_worker() {
-                self.shared.starving();
-            }
+            self.shared.starving();
         }
         let after = match r {
             Runnable::Chain(entry) => self.run_chain(entry),
