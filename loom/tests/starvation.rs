@@ -1,0 +1,143 @@
+//! Loom models of the elastic pool's starvation detection (std-executor/src/shared.rs
+//! `notify`/`starving`, worker.rs `found`, sleep.rs, supervisor.rs), over the real `Sleep`
+//! (reached through the crate's `cfg(loom)`-only `loom_api` module).
+//!
+//! The claim: whenever work is visible and no worker is idle (searching or asleep), the
+//! starvation stamp is set, or a sleeper was woken, or a searcher remains (it will find the
+//! work), whatever the interleaving of a submitter's push + notify and the workers' steps.
+//!
+//! Stand-ins: the run queue is a count of queued items (a push is an RMW on it, as an
+//! `Injector` push is a CAS on its tail; "visible" is a load, as `Injector::is_empty` is); the
+//! stamp is an `AtomicU64` set by a CAS from 0 after a relaxed load, exactly as
+//! `Shared::starving`. The steps are transcriptions of the executor's, calling the real `Sleep`:
+//! [`notify`] is `Shared::notify`, [`found`] is the head of `WorkerLoop::found`.
+#![cfg(loom)]
+
+use keyserial::loom_api::{Parker, Sleep};
+use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+
+/// The stamp's value when set (a time in ms, never 0).
+const NOW: u64 = 7;
+
+struct World {
+    sleep: Sleep,
+    /// Items queued (the stand-in for every run queue).
+    queued: AtomicUsize,
+    /// `Shared::starved_since`.
+    stamp: AtomicU64,
+}
+
+impl World {
+    /// A world with `workers` parkable workers, their parkers, and `queued` items.
+    fn new(workers: usize, queued: usize) -> (Arc<World>, Vec<Parker>) {
+        let parkers: Vec<Parker> = (0..workers).map(|_| Parker::new()).collect();
+        let world = Arc::new(World {
+            sleep: Sleep::new(parkers.iter().map(|p| p.unparker().clone()).collect()),
+            queued: AtomicUsize::new(queued),
+            stamp: AtomicU64::new(0),
+        });
+        (world, parkers)
+    }
+
+    fn visible(&self) -> bool {
+        self.queued.load(Ordering::Acquire) > 0
+    }
+
+    fn push(&self) {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn pop(&self) -> bool {
+        self.queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// `Shared::starving`.
+    fn starving(&self) {
+        if self.stamp.load(Ordering::Relaxed) == 0 {
+            let _ = self
+                .stamp
+                .compare_exchange(0, NOW, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+
+    /// `Shared::schedule` after its push: `Shared::notify`.
+    fn submit(&self) {
+        self.push();
+        if self.sleep.notify() {
+            self.starving();
+        }
+    }
+
+    /// `WorkerLoop::found` for a worker counted as searching, up to running what it found.
+    fn found(&self) {
+        if self.sleep.stop_searching() && self.sleep.unattended(|| self.visible()) {
+            self.starving();
+        }
+    }
+
+    fn stamped(&self) -> bool {
+        self.stamp.load(Ordering::Acquire) != 0
+    }
+}
+
+#[test]
+fn last_searcher_finding_work_racing_a_submit_stamps() {
+    // One worker, counted as searching, takes the one queued item while a submitter pushes a
+    // second and notifies. Nobody is idle afterwards, so the second item must be stamped.
+    loom::model(|| {
+        let (world, _parkers) = World::new(1, 1);
+        world.sleep.start_searching();
+        let worker = {
+            let world = world.clone();
+            thread::spawn(move || {
+                assert!(world.pop());
+                world.found();
+            })
+        };
+        world.submit();
+        worker.join().unwrap();
+        assert!(world.visible(), "the second item is still queued");
+        assert!(!world.sleep.has_idle_worker());
+        assert!(world.stamped(), "visible work, nobody idle, no stamp");
+    });
+}
+
+#[test]
+fn last_searcher_finding_work_racing_a_submit_wakes_the_sleeper() {
+    // As above with a second worker asleep: it must be woken (by the submit or by the searcher),
+    // and then it is the searcher that will find the item. A sleeper never woken deadlocks the
+    // model.
+    loom::model(|| {
+        let (world, mut parkers) = World::new(2, 1);
+        world.sleep.start_searching(); // worker 0
+        world.sleep.start_searching(); // worker 1, which goes to sleep at once:
+        let snapshot = world.sleep.snapshot();
+        assert!(world.sleep.try_sleep(1, snapshot, true));
+        let sleeper = {
+            let (world, parker) = (world.clone(), parkers.pop().unwrap());
+            thread::spawn(move || {
+                parker.park();
+                world.sleep.woke(1);
+            })
+        };
+        let worker = {
+            let world = world.clone();
+            thread::spawn(move || {
+                assert!(world.pop());
+                world.found();
+            })
+        };
+        world.submit();
+        worker.join().unwrap();
+        sleeper.join().unwrap();
+        assert!(world.visible());
+        assert!(
+            world.sleep.has_idle_worker(),
+            "the woken worker is searching"
+        );
+    });
+}
