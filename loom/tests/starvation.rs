@@ -141,3 +141,62 @@ fn last_searcher_finding_work_racing_a_submit_wakes_the_sleeper() {
         );
     });
 }
+
+/// An elastic worker, counted as searching, idle past its keep-alive: it saw no work and leaves
+/// (`WorkerLoop::main_loop`'s keep-alive check, then `exit`). `stamp_if_unattended` is `exit`'s
+/// last step: with `false`, the step as it was before the fix (wake a sleeper, never stamp).
+fn elastic_exit(world: &World, stamp_if_unattended: bool) {
+    if world.visible() {
+        return; // it stays (and would find the work)
+    }
+    world.sleep.stop_searching();
+    if stamp_if_unattended {
+        if world.sleep.unattended(|| world.visible()) {
+            world.starving();
+        }
+    } else if world.visible() {
+        world.sleep.wake_one();
+    }
+}
+
+/// Runs the exit-racing-a-submit model; returns `false` if this execution left visible work
+/// with nobody idle and no stamp.
+fn exit_racing_a_submit(stamp_if_unattended: bool) -> bool {
+    // The only other worker is busy in a long task (not modelled: never idle).
+    let (world, _parkers) = World::new(2, 0);
+    world.sleep.start_searching();
+    let leaving = {
+        let world = world.clone();
+        thread::spawn(move || elastic_exit(&world, stamp_if_unattended))
+    };
+    world.submit();
+    leaving.join().unwrap();
+    assert!(world.visible());
+    world.stamped() || world.sleep.has_idle_worker()
+}
+
+#[test]
+fn elastic_worker_leaving_racing_a_submit_stamps() {
+    loom::model(|| {
+        assert!(
+            exit_racing_a_submit(true),
+            "visible work, nobody idle, no stamp"
+        );
+    });
+}
+
+/// Executions of the model below that lost the stamp (a plain std counter across executions).
+static EXIT_LOST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+#[test]
+fn elastic_worker_leaving_without_stamping_loses_the_work() {
+    // The exit step before the fix: the submit's notify saw the leaving worker still searching
+    // (no stamp), then the worker stopped searching, saw the work, found no sleeper to wake, and
+    // left. The model must find that execution (it is why `exit` now stamps).
+    loom::model(|| {
+        if !exit_racing_a_submit(false) {
+            EXIT_LOST.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    assert!(EXIT_LOST.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}

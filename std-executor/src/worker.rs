@@ -573,8 +573,11 @@ where
         // Elastic slots are reused: give the deque and parker back.
         *lock(&self.slot.local) = self.owned.take();
         self.slot.alive.store(false, Ordering::Release);
-        if self.shared.has_visible_work() && !self.shared.stop.load(Ordering::Acquire) {
-            self.shared.sleep.wake_one();
+        // Work that came while we left: wake a sleeper for it, or, if nobody is idle, start the
+        // elastic clock (a submit that saw us still searching stamped nothing).
+        let sh = self.shared;
+        if !sh.stop.load(Ordering::Acquire) && sh.sleep.unattended(|| sh.has_visible_work()) {
+            sh.starving();
         }
         self.shared.worker_exited();
     }
