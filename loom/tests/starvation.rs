@@ -13,7 +13,7 @@
 //! [`notify`] is `Shared::notify`, [`found`] is the head of `WorkerLoop::found`.
 #![cfg(loom)]
 
-use keyserial::loom_api::{Parker, Sleep};
+use keyserial::loom_api::{stamp_expired, Parker, Sleep};
 use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
@@ -199,4 +199,82 @@ fn elastic_worker_leaving_without_stamping_loses_the_work() {
         }
     });
     assert!(EXIT_LOST.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}
+
+/// The supervisor's look at an expired stamp. `fixed`: the real `stamp_expired` (clear the
+/// stamp, fence on the sleep word, then look); otherwise the order before the fix (look, then
+/// clear). Returns `true` if it starts an extra worker.
+fn supervise(world: &World, fixed: bool) -> bool {
+    if fixed {
+        stamp_expired(&world.stamp, &world.sleep, || world.visible())
+    } else {
+        let spawn = !world.sleep.has_idle_worker() && world.visible();
+        world.stamp.store(0, Ordering::Release);
+        spawn
+    }
+}
+
+/// Runs the supervisor-racing-a-submit model (`searcher`: a worker counted as searching also
+/// takes the one queued item meanwhile); returns `false` if this execution left visible work
+/// with nobody idle, no stamp and no extra worker.
+fn supervisor_racing_a_submit(fixed: bool, searcher: bool) -> bool {
+    // An earlier starvation stamped; its work is gone (or is being taken by the searcher).
+    let (world, _parkers) = World::new(1, searcher as usize);
+    world.stamp.store(NOW, Ordering::Release);
+    if searcher {
+        world.sleep.start_searching();
+    }
+    let supervisor = {
+        let world = world.clone();
+        thread::spawn(move || supervise(&world, fixed))
+    };
+    let worker = searcher.then(|| {
+        let world = world.clone();
+        thread::spawn(move || {
+            assert!(world.pop());
+            world.found();
+        })
+    });
+    world.submit();
+    if let Some(w) = worker {
+        w.join().unwrap();
+    }
+    let spawned = supervisor.join().unwrap();
+    assert!(world.visible());
+    spawned || world.stamped() || world.sleep.has_idle_worker()
+}
+
+#[test]
+fn supervisor_clearing_the_stamp_racing_a_submit_keeps_it() {
+    loom::model(|| {
+        assert!(
+            supervisor_racing_a_submit(true, false),
+            "visible work, nobody idle, no stamp, no extra worker"
+        );
+    });
+}
+
+#[test]
+fn supervisor_racing_a_submit_and_the_last_searcher_keeps_the_stamp() {
+    loom::model(|| {
+        assert!(
+            supervisor_racing_a_submit(true, true),
+            "visible work, nobody idle, no stamp, no extra worker"
+        );
+    });
+}
+
+/// Executions of the model below that lost the stamp (a plain std counter across executions).
+static SUPERVISOR_LOST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+#[test]
+fn supervisor_clearing_after_looking_loses_the_stamp() {
+    // The order before the fix: the supervisor saw no work, the submit pushed, found the old
+    // stamp still set (so stamped nothing), and then the supervisor cleared it.
+    loom::model(|| {
+        if !supervisor_racing_a_submit(false, false) {
+            SUPERVISOR_LOST.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    assert!(SUPERVISOR_LOST.load(std::sync::atomic::Ordering::Relaxed) > 0);
 }

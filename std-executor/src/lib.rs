@@ -194,5 +194,6 @@ pub mod loom_api {
     pub use crate::phase::{AfterTask, Phase, Stopped};
     pub use crate::semaphore::loom_hooks as semaphore;
     pub use crate::sleep::Sleep;
+    pub use crate::supervisor::stamp_expired;
     pub use crate::sync::{Parker, Unparker};
 }

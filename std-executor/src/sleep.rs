@@ -127,6 +127,13 @@ impl Sleep {
         visible() && !self.wake_one() && !self.has_idle_worker()
     }
 
+    /// An RMW on the word that changes nothing: whatever the caller did before it happens-before
+    /// every later [`notify`](Self::notify), and every earlier notify (with the push before it)
+    /// happens-before what the caller does after it, since all of them are RMWs on one word.
+    pub fn fence(&self) {
+        self.word.fetch_add(0, Ordering::AcqRel);
+    }
+
     /// Take before the last search that precedes [`try_sleep`](Self::try_sleep).
     pub fn snapshot(&self) -> u64 {
         self.word.load(Ordering::Acquire)
