@@ -9,8 +9,11 @@
 //! Stand-ins: the run queue is a count of queued items (a push is an RMW on it, as an
 //! `Injector` push is a CAS on its tail; "visible" is a load, as `Injector::is_empty` is); the
 //! stamp is an `AtomicU64` set by a CAS from 0 after a relaxed load, exactly as
-//! `Shared::starving`. The steps are transcriptions of the executor's, calling the real `Sleep`:
-//! [`notify`] is `Shared::notify`, [`found`] is the head of `WorkerLoop::found`.
+//! `Shared::starving`. The workers' and submitters' steps are transcriptions calling the real
+//! `Sleep`: [`World::submit`] is `Shared::schedule` + `notify`, [`World::found`] is the head of
+//! `WorkerLoop::found`, [`elastic_exit`] is the keep-alive exit and the end of `WorkerLoop::exit`;
+//! the supervisor's step is the real `stamp_expired`. Two models run the steps as they were
+//! before the fixes of `exit` and of the supervisor and require the model to find the lost stamp.
 #![cfg(loom)]
 
 use keyserial::loom_api::{stamp_expired, Parker, Sleep};

@@ -42,6 +42,8 @@
 //! into the marker, all between one submitter's two loads; the result is still a replacement of
 //! the marker's current task while the marker was recently the newest push, which no caller can
 //! tell from a slightly earlier linearization point.
+//!
+//! Loom models (real `LatestSlot` and `Chain`): `loom/tests/latest.rs`.
 
 use std::ptr::{self, NonNull};
 

@@ -30,7 +30,7 @@
 //! stealers, so a worker that then blocks in a task leaves that batch to its idle siblings, and
 //! when no sibling is idle the elastic pool hears of it (`Shared::starving`): the searcher that
 //! finds work while more waits and nobody else is idle starts the elastic clock, whatever the
-//! timing of the submits (`supervisor.rs`).
+//! timing of the submits (`supervisor.rs`); loom models of that claim: `loom/tests/starvation.rs`.
 //!
 //! # Draining and fairness
 //!
