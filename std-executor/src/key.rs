@@ -38,11 +38,7 @@ impl KeyState {
     /// # Safety
     /// The caller owns the chain and just popped `node` from it.
     pub(crate) unsafe fn popped(&self, node: NonNull<Header>) -> Option<TaskRef> {
-        let node = if self.latest.is_marker(node) {
-            self.latest.take()?
-        } else {
-            node
-        };
+        let node = self.latest.popped(node)?;
         // SAFETY: popping (or taking from the slot) made the caller the node's unique owner.
         Some(unsafe { TaskRef::from_raw(node) })
     }

@@ -42,6 +42,8 @@
 //! into the marker, all between one submitter's two loads; the result is still a replacement of
 //! the marker's current task while the marker was recently the newest push, which no caller can
 //! tell from a slightly earlier linearization point.
+//!
+//! Loom models (real `LatestSlot` and `Chain`): `loom/tests/latest.rs`.
 
 use std::ptr::{self, NonNull};
 
@@ -50,13 +52,13 @@ use keyserial_core::chain::{Chain, Linked};
 use crate::sync::{AtomicPtr, Ordering};
 
 /// A key's coalescing slot for `submit_latest` (see the module docs).
-pub(crate) struct LatestSlot<N: Linked> {
+pub struct LatestSlot<N: Linked> {
     marker: N,
     slot: AtomicPtr<N>,
 }
 
 /// What a submitter should do with a latest task after [`LatestSlot::offer`].
-pub(crate) enum Offer<N> {
+pub enum Offer<N> {
     /// It replaced this older task, which the caller now owns and must abandon as superseded.
     Replaced(NonNull<N>),
     /// It is in the slot: push this marker (the caller claimed it).
@@ -73,7 +75,7 @@ unsafe impl<N: Linked + Send> Sync for LatestSlot<N> {}
 
 impl<N: Linked> LatestSlot<N> {
     /// An empty slot with `marker` as its (never run) marker node.
-    pub(crate) fn new(marker: N) -> Self {
+    pub fn new(marker: N) -> Self {
         LatestSlot {
             marker,
             slot: AtomicPtr::new(ptr::null_mut()),
@@ -81,17 +83,17 @@ impl<N: Linked> LatestSlot<N> {
     }
 
     /// The marker node's address (what the chain holds while it is queued).
-    pub(crate) fn marker(&self) -> NonNull<N> {
+    pub fn marker(&self) -> NonNull<N> {
         NonNull::from(&self.marker)
     }
 
     /// `true` if `node` is this slot's marker.
-    pub(crate) fn is_marker(&self, node: NonNull<N>) -> bool {
+    pub fn is_marker(&self, node: NonNull<N>) -> bool {
         node == self.marker()
     }
 
     /// A submitter offers `task` (an unpublished node it owns) for the key of `chain`.
-    pub(crate) fn offer(&self, chain: &Chain<N>, task: NonNull<N>) -> Offer<N> {
+    pub fn offer(&self, chain: &Chain<N>, task: NonNull<N>) -> Offer<N> {
         let mut cur = self.slot.load(Ordering::Acquire);
         loop {
             // An empty slot is free to claim; a full one may be replaced only while its marker
@@ -115,13 +117,23 @@ impl<N: Linked> LatestSlot<N> {
     }
 
     /// After a claim whose marker push found the chain retired: takes the task back.
-    pub(crate) fn unclaim(&self) -> NonNull<N> {
+    pub fn unclaim(&self) -> NonNull<N> {
         let task = self.slot.swap(ptr::null_mut(), Ordering::AcqRel);
         NonNull::new(task).expect("a claimed slot holds the claimer's task")
     }
 
+    /// The chain's owner popped `node` from the key's chain: the node to run, which is the
+    /// slot's task if `node` is the marker (`None` if it stood for nothing), else `node` itself.
+    pub fn popped(&self, node: NonNull<N>) -> Option<NonNull<N>> {
+        if self.is_marker(node) {
+            self.take()
+        } else {
+            Some(node)
+        }
+    }
+
     /// The chain's owner popped the marker: the task it stands for (now the owner's).
-    pub(crate) fn take(&self) -> Option<NonNull<N>> {
+    pub fn take(&self) -> Option<NonNull<N>> {
         NonNull::new(self.slot.swap(ptr::null_mut(), Ordering::AcqRel))
     }
 

@@ -194,9 +194,11 @@ pub mod loom_api {
     pub use crate::capacity::Capacity;
     pub use crate::gate::{Gate, Ticket};
     pub use crate::idle_word::{IdleWord, Reap};
+    pub use crate::latest::{LatestSlot, Offer};
     pub use crate::permit_wait::{Handoff, PermitWait, WaitRegistry, Winner};
     pub use crate::phase::{AfterTask, Phase, Stopped};
     pub use crate::semaphore::loom_hooks as semaphore;
     pub use crate::sleep::Sleep;
+    pub use crate::supervisor::stamp_expired;
     pub use crate::sync::{Parker, Unparker};
 }

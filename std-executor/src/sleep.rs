@@ -119,6 +119,21 @@ impl Sleep {
         while self.wake_one() {}
     }
 
+    /// Work is visible (`visible()`, asked only by a worker that just stopped searching or is
+    /// leaving the pool, after its RMW on the word): wakes a sleeper for it. Returns `true` if
+    /// the work is visible, no sleeper could be woken and no worker is idle, so the caller must
+    /// start the elastic clock (`Shared::starving`). Checked by `loom/tests/starvation.rs`.
+    pub fn unattended(&self, visible: impl FnOnce() -> bool) -> bool {
+        visible() && !self.wake_one() && !self.has_idle_worker()
+    }
+
+    /// An RMW on the word that changes nothing: whatever the caller did before it happens-before
+    /// every later [`notify`](Self::notify), and every earlier notify (with the push before it)
+    /// happens-before what the caller does after it, since all of them are RMWs on one word.
+    pub fn fence(&self) {
+        self.word.fetch_add(0, Ordering::AcqRel);
+    }
+
     /// Take before the last search that precedes [`try_sleep`](Self::try_sleep).
     pub fn snapshot(&self) -> u64 {
         self.word.load(Ordering::Acquire)

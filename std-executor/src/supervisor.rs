@@ -2,17 +2,28 @@
 //! short threshold while every worker was busy or blocked (GatlingExecutor's elastic pool).
 //!
 //! Submitters that find no worker searching or asleep stamp `starved_since` (once) and unpark the
-//! supervisor; it then checks every couple of milliseconds. If, `STARVED_MS` after the stamp, work
-//! is still visible and still no worker is idle, it starts an extra worker (up to `max_workers`)
-//! and clears the stamp; if a worker became idle or the work is gone, it just clears the stamp.
-//! Extra workers exit after `worker_keep_alive` without work. The supervisor exists only when
-//! `max_workers > workers`, holds only a weak reference, and exits when the serializer terminates.
+//! supervisor; it then checks every couple of milliseconds. `STARVED_MS` after the stamp it clears
+//! the stamp, and if work is still visible and still no worker is idle, it starts an extra worker
+//! (up to `max_workers`). Extra workers exit after `worker_keep_alive` without work. The
+//! supervisor exists only when `max_workers > workers`, holds only a weak reference, and exits
+//! when the serializer terminates.
+//!
+//! # Clearing the stamp
+//!
+//! A submit that finds the stamp already set stamps nothing, so a clear must not undo it: the
+//! supervisor clears first (a swap), then does an RMW on the sleep word ([`Sleep::fence`]), then
+//! looks at the queues and the idle count ([`stamp_expired`]). The submit's `notify` is an RMW on
+//! the same word after its push. If the notify comes first in that word's order, the supervisor's
+//! look sees the pushed work; if the fence comes first, the notify happens-after the clear and its
+//! `starving` finds the stamp 0 and sets it. (Looking first and clearing after, as before, lost
+//! the stamp when the push and its notify fell in between.) Checked by `loom/tests/starvation.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::shared::Shared;
-use crate::sync::{lock, Ordering, Parker};
+use crate::sleep::Sleep;
+use crate::sync::{lock, AtomicU64, Ordering, Parker};
 
 /// How long ready work must wait with every worker busy before an extra worker starts.
 const STARVED_MS: u64 = 5;
@@ -39,11 +50,9 @@ where
         if starved == 0 || sh.now_ms().saturating_sub(starved) < STARVED_MS {
             continue;
         }
-        if sh.sleep.has_idle_worker()
-            || !sh.has_visible_work()
+        if !stamp_expired(&sh.starved_since, &sh.sleep, || sh.has_visible_work())
             || sh.shutdown.load(Ordering::Acquire)
         {
-            sh.starved_since.store(0, Ordering::Release);
             continue;
         }
         let cfg = &sh.config;
@@ -52,10 +61,18 @@ where
         }) {
             let _ = crate::worker::spawn(&sh, i);
         }
-        sh.starved_since.store(0, Ordering::Release);
     })?;
     lock(&shared.threads).push(handle);
     Ok(())
+}
+
+/// The stamp is `STARVED_MS` old: clears it, then returns `true` if an extra worker should
+/// start (work is visible and no worker is idle). Clearing comes first, with an RMW on the sleep
+/// word between it and the look (see "Clearing the stamp" in the module docs).
+pub fn stamp_expired(stamp: &AtomicU64, sleep: &Sleep, visible: impl FnOnce() -> bool) -> bool {
+    stamp.swap(0, Ordering::AcqRel);
+    sleep.fence();
+    visible() && !sleep.has_idle_worker()
 }
 
 /// Wakes the supervisor so it notices termination.

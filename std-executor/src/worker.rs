@@ -30,7 +30,7 @@
 //! stealers, so a worker that then blocks in a task leaves that batch to its idle siblings, and
 //! when no sibling is idle the elastic pool hears of it (`Shared::starving`): the searcher that
 //! finds work while more waits and nobody else is idle starts the elastic clock, whatever the
-//! timing of the submits (`supervisor.rs`).
+//! timing of the submits (`supervisor.rs`); loom models of that claim: `loom/tests/starvation.rs`.
 //!
 //! # Draining and fairness
 //!
@@ -123,9 +123,14 @@ where
             Ok(())
         }
         Err(e) => {
-            shared.sleep.stop_searching();
             shared.slots[index].alive.store(false, Ordering::Release);
             shared.live_workers.fetch_sub(1, Ordering::AcqRel);
+            // This worker was counted as searching, so a submit meanwhile may have stamped
+            // nothing: hand its work on as an exiting worker does.
+            shared.sleep.stop_searching();
+            if shared.sleep.unattended(|| shared.has_visible_work()) {
+                shared.starving();
+            }
             Err(e)
         }
     }
@@ -310,14 +315,15 @@ where
     fn found(&mut self, r: Runnable<K>) -> After {
         if std::mem::take(&mut self.searching)
             && self.shared.sleep.stop_searching()
-            && self.shared.has_visible_work()
+            && self
+                .shared
+                .sleep
+                .unattended(|| self.shared.has_visible_work())
         {
             // The last searcher found work and more is waiting (perhaps pushed while we were
             // searching, when the submit woke nobody): get another worker looking, or, if none
             // is idle, tell the elastic pool that every worker is busy while work waits.
-            if !self.shared.sleep.wake_one() && !self.shared.sleep.has_idle_worker() {
-                self.shared.starving();
-            }
+            self.shared.starving();
         }
         let after = match r {
             Runnable::Chain(entry) => self.run_chain(entry),
@@ -549,8 +555,11 @@ where
         // Elastic slots are reused: give the deque and parker back.
         *lock(&self.slot.local) = self.owned.take();
         self.slot.alive.store(false, Ordering::Release);
-        if self.shared.has_visible_work() && !self.shared.stop.load(Ordering::Acquire) {
-            self.shared.sleep.wake_one();
+        // Work that came while we left: wake a sleeper for it, or, if nobody is idle, start the
+        // elastic clock (a submit that saw us still searching stamped nothing).
+        let sh = self.shared;
+        if !sh.stop.load(Ordering::Acquire) && sh.sleep.unattended(|| sh.has_visible_work()) {
+            sh.starving();
         }
         self.shared.worker_exited();
     }
