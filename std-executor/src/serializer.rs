@@ -533,9 +533,12 @@ where
     fn origin_of(&self, _key: Option<&K>, _kind: Kind) -> OriginCheck {}
 
     fn entry_for<'g>(&'g self, key: &K, guard: &'g crossbeam_epoch::Guard) -> &'g KeyEntry<K> {
-        self.shared
-            .table
-            .get_or_insert_cloned(key, KeyState::new, guard)
+        let table = &self.shared.table;
+        // A live key is found by the plain walk; only a new key pays for the insert's path.
+        match table.get(key, guard) {
+            Some(entry) if !entry.value().chain.is_retired() => entry,
+            _ => table.get_or_insert_cloned(key, KeyState::new, guard),
+        }
     }
 
     /// Stops accepting tasks; queued tasks still run. Idempotent; returns at once (see
