@@ -267,3 +267,73 @@ fn threads_keep_order_and_lose_nothing() {
     assert_eq!(done.load(Ordering::Relaxed), 2 * PER);
     assert_eq!((s.queued(), s.live_keys()), (0, 0));
 }
+
+#[test]
+fn ready_ring_fifo_around_many_laps_any_size() {
+    fn laps<const N: usize>() {
+        let ring = ready::ReadyRing::<N>::new();
+        let mut model = std::collections::VecDeque::new();
+        let mut next = 0;
+        for step in 0..(40 * N + 7) {
+            // Fill to N (never more: a slot is in the ring at most once), then drain some.
+            if model.len() < N && step % 3 != 2 {
+                ring.push(next);
+                model.push_back(next);
+                next = (next + 1) % N;
+                // Keep the slots in the ring distinct, as the serializer does.
+                while model.contains(&next) && model.len() < N {
+                    next = (next + 1) % N;
+                }
+            } else {
+                assert_eq!(ring.pop(), model.pop_front());
+            }
+        }
+        while let Some(v) = model.pop_front() {
+            assert_eq!(ring.pop(), Some(v));
+        }
+        assert_eq!(ring.pop(), None);
+    }
+    laps::<1>();
+    laps::<2>();
+    laps::<3>();
+    laps::<5>();
+    laps::<16>();
+}
+
+#[test]
+fn ready_ring_concurrent_distinct_slots() {
+    #[cfg(miri)]
+    const ROUNDS: usize = 40;
+    #[cfg(not(miri))]
+    const ROUNDS: usize = 5_000;
+    // Each thread owns one slot and keeps pushing it back after it is popped by anyone.
+    let ring = Arc::new(ready::ReadyRing::<3>::new());
+    let popped = Arc::new(AtomicUsize::new(0));
+    for s in 0..3 {
+        ring.push(s);
+    }
+    let threads: Vec<_> = (0..3)
+        .map(|_| {
+            let (ring, popped) = (ring.clone(), popped.clone());
+            thread::spawn(move || {
+                let mut mine = 0;
+                while mine < ROUNDS {
+                    if let Some(s) = ring.pop() {
+                        assert!(s < 3);
+                        ring.push(s);
+                        mine += 1;
+                        popped.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        thread::yield_now();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut left: Vec<usize> = std::iter::from_fn(|| ring.pop()).collect();
+    left.sort_unstable();
+    assert_eq!(left, [0, 1, 2]);
+}
