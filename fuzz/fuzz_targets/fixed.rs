@@ -55,7 +55,12 @@ impl Model {
         self.queues.get(&k).is_some_and(|q| !q.is_empty()) || self.running.contains(&k)
     }
     fn live(&self) -> usize {
-        let mut keys: Vec<u8> = self.queues.iter().filter(|(_, q)| !q.is_empty()).map(|(k, _)| *k).collect();
+        let mut keys: Vec<u8> = self
+            .queues
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
         keys.extend(self.running.iter().copied());
         keys.sort();
         keys.dedup();
@@ -97,14 +102,21 @@ impl<const K: usize, const T: usize> Harness<'_, K, T> {
                 assert_eq!(r.reason, reason);
                 assert_eq!(*r.task, id, "the refused task comes back whole");
             }
-            (got, want) => panic!("submit({key}): got {:?}, want {want:?}", got.map_err(|r| r.reason)),
+            (got, want) => panic!(
+                "submit({key}): got {:?}, want {want:?}",
+                got.map_err(|r| r.reason)
+            ),
         }
         self.check_counts();
     }
 
     fn run(&mut self, budget: u8, inner: Inner) {
         let budget = usize::from(budget % 5);
-        let expected: Option<u8> = if budget == 0 { None } else { self.m.ready.pop_front() };
+        let expected: Option<u8> = if budget == 0 {
+            None
+        } else {
+            self.m.ready.pop_front()
+        };
         let mut log: Vec<(u8, u32)> = Vec::new();
         let mut first = true;
         let h = &mut *self;
@@ -146,7 +158,10 @@ impl<const K: usize, const T: usize> Harness<'_, K, T> {
                 if let Some(k) = expected {
                     // The turn ended early only because the key ran dry.
                     let left = self.m.queues.get(&k).map_or(0, VecDeque::len);
-                    assert!(n == budget || left == 0, "turn ended with budget and tasks left");
+                    assert!(
+                        n == budget || left == 0,
+                        "turn ended with budget and tasks left"
+                    );
                 }
             }
             Err(_) => assert!(matches!(inner, Inner::Panic)),
@@ -157,7 +172,10 @@ impl<const K: usize, const T: usize> Harness<'_, K, T> {
 
 fn drive<const K: usize, const T: usize>(ops: &[Op]) {
     let s: FixedSerializer<u8, Box<u32>, K, T> = FixedSerializer::new();
-    let mut h = Harness { s: &s, m: Model::default() };
+    let mut h = Harness {
+        s: &s,
+        m: Model::default(),
+    };
     for op in ops.iter().take(256) {
         match *op {
             Op::Submit(k) => h.submit(k),
