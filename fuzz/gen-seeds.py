@@ -13,6 +13,7 @@ SIZES = {
     "table": [16, 96, 384, 1536],
     "pool_ready": [16, 64, 256, 1024],
     "serializer": [32, 128, 384, 768],
+    "fixed": [16, 64, 256],
 }
 
 for target, sizes in SIZES.items():
