@@ -207,7 +207,7 @@ pub fn on_tick() {
                 }
             }
         }
-        if s.ticks % IRQ_RUN_EVERY == 0 {
+        if s.ticks.is_multiple_of(IRQ_RUN_EVERY) {
             s.ran += run(2) as u32;
         }
     });
@@ -254,7 +254,7 @@ fn firmware_main() -> ! {
             // Even phases spread single tasks over many keys (towards `KeysFull`), odd phases
             // pour long bursts into few keys (towards `TasksFull`).
             let key = (next_random(&mut rng) as usize) % NKEYS;
-            let burst = if phase % 2 == 0 {
+            let burst = if phase.is_multiple_of(2) {
                 1
             } else {
                 1 + next_random(&mut rng) % 12
