@@ -351,12 +351,45 @@ impl<N: Linked> Chain<N> {
     /// let chain: Chain<BoxNode<u32>> = Chain::new();
     /// assert!(chain.is_idle());
     /// ```
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        Chain {
+            state: AtomicUsize::new(0),
+            local: UnsafeCell::new(ptr::null_mut()),
+            _nodes: PhantomData,
+        }
+    }
+
+    /// An idle, empty chain.
+    #[cfg(loom)]
     pub fn new() -> Self {
         Chain {
             state: AtomicUsize::new(0),
             local: UnsafeCell::new(ptr::null_mut()),
             _nodes: PhantomData,
         }
+    }
+
+    /// Makes a retired (or never used) chain idle again, so that fixed storage can hold a new
+    /// key's chain: `RETIRED -> 0`. Wait-free.
+    ///
+    /// # Safety
+    /// The caller has exclusive use of the chain: it is retired or idle and empty, and no other
+    /// thread may still push to it with a view of the state word taken before this call (the
+    /// storage's own protocol guarantees that, for example by a pin count that is zero; see
+    /// [`crate::fixed`]). Otherwise a stale push could land on the new incarnation.
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{Chain, BoxNode};
+    /// let chain: Chain<BoxNode<u8>> = Chain::new();
+    /// assert!(chain.try_retire());
+    /// // SAFETY: retired, and no other thread can see this chain.
+    /// unsafe { chain.revive() };
+    /// assert!(chain.is_idle());
+    /// ```
+    pub unsafe fn revive(&self) {
+        let prev = self.state.swap(0, Ordering::Relaxed);
+        debug_assert!(prev == RETIRED || prev == 0, "revive of a live chain");
     }
 
     /// Appends `node`. Lock-free; one CAS when uncontended.

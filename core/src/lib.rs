@@ -6,6 +6,7 @@
 //! | module | what it is |
 //! |---|---|
 //! | [`chain`] | a key's task chain: an intrusive MPSC queue fused with the `ACTIVE`/`RETIRED` handoff word |
+//! | [`fixed`] | [`fixed::FixedSerializer`]: a complete serializer without an allocator (fixed key table, task pool, ready ring) |
 //! | [`pool`] | fixed-capacity node storage with generation counters, for builds without an allocator |
 //! | [`ready`] | queues where chains that became active wait for a worker (bounded no-alloc, unbounded with `alloc`) |
 //! | [`table`] | (`alloc`) the sharded, lock-free key table with epoch reclamation |
@@ -48,6 +49,7 @@ extern crate std;
 mod sync;
 
 pub mod chain;
+pub mod fixed;
 pub mod permits;
 pub mod pool;
 pub mod ready;
