@@ -20,7 +20,7 @@
 #![no_main]
 
 use core::cell::RefCell;
-use core::sync::atomic::{AtomicU8, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use critical_section::Mutex;
 use keyserial_core::fixed::{FixedSerializer, RefuseReason, Refused};
@@ -52,21 +52,26 @@ const NKEYS: usize = 20;
 /// Submitters (streams per key).
 const MAIN: u8 = 0;
 const IRQ: u8 = 1;
-/// Tasks each submitter submits in total.
-const MAIN_TASKS: u32 = 4000;
+/// Tasks each submitter submits in total: the interrupt exactly `IRQ_TASKS`; the main loop keeps
+/// submitting as long as the interrupt does (so that the timer keeps landing inside `submit`
+/// calls), at least `MAIN_MIN_TASKS` and at most `MAIN_MAX_TASKS`.
 const IRQ_TASKS: u32 = 3000;
+const MAIN_MIN_TASKS: u32 = 4000;
+const MAIN_MAX_TASKS: u32 = 200_000;
 /// Tasks the interrupt submits per tick, and every how many ticks it also runs some.
 const IRQ_BURST: u32 = 3;
 const IRQ_RUN_EVERY: u32 = 4;
 /// Timer frequency.
 pub const TICK_HZ: u32 = 5_000;
 /// The verdict also requires that the timer interrupted this many `submit` and `run` calls.
-const MIN_PREEMPTED: u32 = 5;
+const MIN_PREEMPTED: u32 = 50;
 
 static SERIALIZER: FixedSerializer<u8, Cmd, KEYS, TASKS> = FixedSerializer::new();
 
 /// What the main loop is inside of (for the interrupt's statistics).
 static IN_CALL: AtomicU8 = AtomicU8::new(0);
+/// Set by the interrupt once it has submitted all its tasks.
+static IRQ_DONE: AtomicBool = AtomicBool::new(false);
 const IN_NONE: u8 = 0;
 const IN_SUBMIT: u8 = 1;
 const IN_RUN: u8 = 2;
@@ -192,6 +197,9 @@ pub fn on_tick() {
                 Ok(()) => {
                     s.seq[key] += 1;
                     s.submitted += 1;
+                    if s.submitted == IRQ_TASKS {
+                        IRQ_DONE.store(true, Ordering::Relaxed);
+                    }
                     s.cursor = (s.cursor + 7) % NKEYS;
                 }
                 Err(Refused { reason, task }) => {
@@ -250,7 +258,9 @@ fn firmware_main() -> ! {
     arch::start_timer(TICK_HZ);
     loop {
         let mut progress = false;
-        if filling && submitted < MAIN_TASKS {
+        let irq_done = IRQ_DONE.load(Ordering::Relaxed);
+        let main_done = (submitted >= MAIN_MIN_TASKS && irq_done) || submitted == MAIN_MAX_TASKS;
+        if filling && !main_done {
             // Even phases spread single tasks over many keys (towards `KeysFull`), odd phases
             // pour long bursts into few keys (towards `TasksFull`).
             let key = (next_random(&mut rng) as usize) % NKEYS;
@@ -260,7 +270,7 @@ fn firmware_main() -> ! {
                 1 + next_random(&mut rng) % 12
             };
             for _ in 0..burst {
-                if submitted == MAIN_TASKS {
+                if submitted == MAIN_MAX_TASKS {
                     break;
                 }
                 let cmd = Cmd {
@@ -305,9 +315,7 @@ fn firmware_main() -> ! {
                 phase += 1;
             }
         }
-        if submitted == MAIN_TASKS {
-            let irq_done =
-                critical_section::with(|cs| IRQ_STATE.borrow_ref(cs).submitted == IRQ_TASKS);
+        if main_done {
             if irq_done && queued_and_live().0 == 0 {
                 break;
             }
