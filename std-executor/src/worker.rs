@@ -196,13 +196,15 @@ where
             if !self.enter_busy() {
                 return;
             }
-            if let Some(r) = self.find_work() {
+            // Stay BUSY from one runnable to the next: the phase goes back to IDLE only when
+            // the search comes back empty (a STOP meanwhile is seen by `enter_running`, which
+            // then hands back what was found).
+            while let Some(r) = self.find_work() {
                 spins = 0;
                 if let After::Exit = self.found(r) {
                     return;
                 }
                 idle_since = self.now;
-                continue;
             }
             if self.leave_busy() {
                 return;
@@ -235,6 +237,9 @@ where
                     return;
                 }
                 idle_since = self.now;
+                if self.leave_busy() {
+                    return;
+                }
                 continue;
             }
             if self.leave_busy() {
@@ -334,18 +339,10 @@ where
             self.now = self.shared.now_ms();
             self.reap_idle(false);
         }
-        match after {
-            After::Continue => {
-                if self.leave_busy() {
-                    return After::Exit;
-                }
-                After::Continue
-            }
-            After::Exit => {
-                self.leave_busy();
-                After::Exit
-            }
+        if let After::Exit = after {
+            self.leave_busy();
         }
+        after
     }
 
     fn find_work(&mut self) -> Option<Runnable<K>> {
