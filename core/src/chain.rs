@@ -697,8 +697,8 @@ impl<N: Linked> Chain<N> {
 
     /// `true` if `node` is the most recent push and still waiting in the inbox, so that nothing
     /// was pushed after it and the owner has not taken it yet (a snapshot; only addresses are
-    /// compared, `node` is never read). A coalescing submitter uses this to tell that a queued
-    /// node is the key's immediately preceding submission and has not started.
+    /// compared, `node` is not read). A coalescing submitter uses this to tell that a queued node
+    /// is the key's immediately preceding submission and has not started.
     ///
     /// ```
     /// # use keyserial_core::chain::{Chain, BoxNode};
@@ -706,13 +706,16 @@ impl<N: Linked> Chain<N> {
     /// let a = BoxNode::new(1);
     /// // SAFETY: `a` is a fresh node that the chain owns from now on (freed by the drain below).
     /// let _ = unsafe { chain.push(a) };
+    /// // SAFETY: `a` stays allocated while it is queued.
+    /// let a = unsafe { a.as_ref() };
     /// assert!(chain.is_newest(a));
     /// let _ = chain.push_value(2);
     /// assert!(!chain.is_newest(a));
     /// # unsafe { while chain.pop_value().is_some() {} let _ = chain.try_release(); }
     /// ```
-    pub fn is_newest(&self, node: NonNull<N>) -> bool {
-        self.state.load(Ordering::Acquire) & PTR_MASK == N::link(node).as_ptr() as usize
+    pub fn is_newest(&self, node: &N) -> bool {
+        self.state.load(Ordering::Acquire) & PTR_MASK
+            == N::link(NonNull::from(node)).as_ptr() as usize
     }
 
     /// `true` once the chain is retired (terminal).

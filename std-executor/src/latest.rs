@@ -98,7 +98,7 @@ impl<N: Linked> LatestSlot<N> {
         loop {
             // An empty slot is free to claim; a full one may be replaced only while its marker
             // is the newest push (see the module docs).
-            if !cur.is_null() && !chain.is_newest(self.marker()) {
+            if !cur.is_null() && !chain.is_newest(&self.marker) {
                 return Offer::Plain(task);
             }
             let result =

@@ -481,10 +481,9 @@ where
                 },
                 _ => node,
             };
-            // SAFETY: `push` is a live task node this thread owns (`into_raw` gave up the
-            // `TaskRef`, or a bounced push handed it back), or the key's latest-slot marker,
-            // which only its claimer (us) pushes; either is queued nowhere else, and the chain
-            // hands it on to its owner or to `Header::drop_queued` (a no-op for the marker).
+            // SAFETY: a live task node we own (given up by `into_raw`, or handed back by a bounced
+            // push) or the key's marker, pushed only by its claimer (us): queued nowhere else; the
+            // chain hands it to its owner or `Header::drop_queued` (a no-op for the marker).
             match unsafe { ks.chain.push(push) } {
                 Ok(Pushed::Activated) => {
                     sh.schedule(Runnable::Chain(NonNull::from(entry)), local);
@@ -879,10 +878,9 @@ where
         else {
             return false; // an unkeyed task
         };
-        // SAFETY: this thread's worker is inside a task of this entry's chain (RUNNING, set by
-        // this very thread), so the chain is active and the entry not retired; even if
-        // `shutdown_now` stole the chain meanwhile, an active chain's entry is freed only with
-        // the table, which `sh` keeps alive.
+        // SAFETY: this thread's worker runs a task of this entry's chain (RUNNING, set here), so
+        // the chain is active and the entry live; a stolen active chain's entry is freed only
+        // with the table, which `sh` keeps alive.
         let same = unsafe { entry.as_ref() }.key() == &self.key;
         same && !sh.stop.load(Ordering::Acquire)
     }
