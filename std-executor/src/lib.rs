@@ -169,6 +169,7 @@ mod semaphore;
 mod serializer;
 mod shared;
 mod sleep;
+mod slab;
 mod slot;
 mod stats;
 mod supervisor;
@@ -199,6 +200,7 @@ pub mod loom_api {
     pub use crate::phase::{AfterTask, Phase, Stopped};
     pub use crate::semaphore::loom_hooks as semaphore;
     pub use crate::sleep::Sleep;
+    pub use crate::slab::{free_one, Bump, Freer, SLAB};
     pub use crate::supervisor::stamp_expired;
     pub use crate::sync::{Parker, Unparker};
 }
