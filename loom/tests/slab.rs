@@ -52,10 +52,11 @@ fn exactly_one_party_frees_a_slab_after_all_its_blocks() {
         if by_owner {
             assert_eq!(freed_blocks.load(Ordering::Relaxed), 4);
         }
-        let by_freers: usize = freers
-            .into_iter()
-            .map(|t| t.join().unwrap() as usize)
-            .sum();
-        assert_eq!(by_owner as usize + by_freers, 1, "the slab is freed exactly once");
+        let by_freers: usize = freers.into_iter().map(|t| t.join().unwrap() as usize).sum();
+        assert_eq!(
+            by_owner as usize + by_freers,
+            1,
+            "the slab is freed exactly once"
+        );
     });
 }

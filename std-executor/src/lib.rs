@@ -168,8 +168,8 @@ mod phase;
 mod semaphore;
 mod serializer;
 mod shared;
-mod sleep;
 mod slab;
+mod sleep;
 mod slot;
 mod stats;
 mod supervisor;
@@ -199,8 +199,8 @@ pub mod loom_api {
     pub use crate::permit_wait::{Handoff, PermitWait, WaitRegistry, Winner};
     pub use crate::phase::{AfterTask, Phase, Stopped};
     pub use crate::semaphore::loom_hooks as semaphore;
-    pub use crate::sleep::Sleep;
     pub use crate::slab::{free_one, Bump, Freer, SLAB};
+    pub use crate::sleep::Sleep;
     pub use crate::supervisor::stamp_expired;
     pub use crate::sync::{Parker, Unparker};
 }

@@ -79,11 +79,9 @@ pub(crate) fn alloc(layout: Layout) -> NonNull<u8> {
     assert!(layout.size() > 0, "nodes are never zero-sized");
     #[cfg(not(loom))]
     if let Some(c) = class_of(layout) {
-        if let Ok(Some(p)) = local::LOCAL.try_with(|l| {
-            l.try_borrow_mut()
-                .ok()
-                .map(|mut l| l.bumps[c].alloc())
-        }) {
+        if let Ok(Some(p)) =
+            local::LOCAL.try_with(|l| l.try_borrow_mut().ok().map(|mut l| l.bumps[c].alloc()))
+        {
             return p;
         }
         // No thread-local state: a slab of our own for this one block, retired at once.

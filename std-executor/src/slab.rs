@@ -91,8 +91,9 @@ fn slab_memory() -> NonNull<u8> {
     // SAFETY: `SLAB_LAYOUT` is not zero-sized.
     let p = unsafe { std::alloc::alloc(SLAB_LAYOUT) };
     let p = NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(SLAB_LAYOUT));
-    // Frees find the header from a block's address alone.
-    let _ = p.as_ptr().expose_provenance();
+    // Frees find the header from a block's address alone: expose the slab's provenance (a
+    // pointer-to-integer cast is `expose_provenance`, stable only since 1.84; MSRV is 1.80).
+    let _ = p.as_ptr() as usize;
     p
 }
 
@@ -108,14 +109,13 @@ unsafe fn release_memory(h: NonNull<Header>) {
     #[cfg(not(loom))]
     for s in &SPARES {
         if s.load(Ordering::Relaxed).is_null()
-            && s
-                .compare_exchange(
-                    std::ptr::null_mut(),
-                    p.as_ptr(),
-                    Ordering::Release,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
+            && s.compare_exchange(
+                std::ptr::null_mut(),
+                p.as_ptr(),
+                Ordering::Release,
+                Ordering::Relaxed,
+            )
+            .is_ok()
         {
             return;
         }
@@ -146,9 +146,10 @@ unsafe fn release(h: NonNull<Header>, n: usize) -> bool {
 
 /// The slab header of a block handed out by some [`Bump`].
 fn header_of(p: NonNull<u8>) -> NonNull<Header> {
-    let addr = p.as_ptr().addr() & !(SLAB - 1);
-    // The slab's provenance was exposed in `slab_memory`.
-    let h = std::ptr::with_exposed_provenance_mut::<Header>(addr);
+    let addr = p.as_ptr() as usize & !(SLAB - 1);
+    // The slab's provenance was exposed in `slab_memory`; an integer-to-pointer cast is
+    // `with_exposed_provenance_mut` (stable only since 1.84; MSRV is 1.80).
+    let h = addr as *mut Header;
     // SAFETY: a block is never at the slab's address (the header is), so `addr` is nonzero.
     unsafe { NonNull::new_unchecked(h) }
 }
@@ -308,11 +309,11 @@ mod tests {
             let blocks: Vec<_> = (0..n).map(|_| bump.alloc()).collect();
             let mut seen = std::collections::HashSet::new();
             for (i, &b) in blocks.iter().enumerate() {
-                assert_eq!(b.as_ptr().addr() % 16, 0);
-                assert!(seen.insert(b.as_ptr().addr()));
-                let h = header_of(b).as_ptr().addr();
-                assert!(b.as_ptr().addr() >= h + HEADER);
-                assert!(b.as_ptr().addr() + block <= h + SLAB);
+                assert_eq!(b.as_ptr() as usize % 16, 0);
+                assert!(seen.insert(b.as_ptr() as usize));
+                let h = header_of(b).as_ptr() as usize;
+                assert!(b.as_ptr() as usize >= h + HEADER);
+                assert!(b.as_ptr() as usize + block <= h + SLAB);
                 // SAFETY: a fresh block of `block` bytes.
                 unsafe { b.as_ptr().write_bytes(i as u8, block) };
             }
@@ -337,7 +338,10 @@ mod tests {
         let blocks: Vec<_> = (0..5).map(|_| Block(bump.alloc())).collect();
         // Owner retires first: 5 blocks still live.
         assert!(!bump.retire());
-        let (a, b): (Vec<_>, Vec<_>) = blocks.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+        let (a, b): (Vec<_>, Vec<_>) = blocks
+            .into_iter()
+            .enumerate()
+            .partition(|(i, _)| i % 2 == 0);
         let spawn = |v: Vec<(usize, Block)>| {
             std::thread::spawn(move || {
                 let mut f = Freer::new();
