@@ -168,6 +168,7 @@ mod phase;
 mod semaphore;
 mod serializer;
 mod shared;
+mod slab;
 mod sleep;
 mod slot;
 mod stats;
@@ -198,6 +199,7 @@ pub mod loom_api {
     pub use crate::permit_wait::{Handoff, PermitWait, WaitRegistry, Winner};
     pub use crate::phase::{AfterTask, Phase, Stopped};
     pub use crate::semaphore::loom_hooks as semaphore;
+    pub use crate::slab::{free_one, Bump, Freer, SLAB};
     pub use crate::sleep::Sleep;
     pub use crate::supervisor::stamp_expired;
     pub use crate::sync::{Parker, Unparker};

@@ -1,24 +1,23 @@
 //! Where task nodes' memory comes from: four size classes (64, 128, 256 and 512 bytes, 16-byte
-//! aligned) recycled through keyserial-core's magazine caches ([`keyserial_core::recycle`]), one
-//! cache per thread and class; larger or over-aligned nodes use the global allocator.
+//! aligned) served from [slabs](crate::slab) filled in submission order, one bump allocator per
+//! thread and class; larger or over-aligned nodes use the global allocator.
 //!
 //! Why: a node is allocated by the submitting thread and freed by a worker. With glibc that
-//! producer/consumer pattern sent every `malloc` and `free` to the locked arena
-//! (`_int_malloc` + `malloc_consolidate` were a third of the submitter's time in W2); here freed
-//! nodes go back to the submitter in batches of [`BATCH`](keyserial_core::recycle::BATCH). Memory
-//! held is bounded: two magazines per thread and class plus 64 shared ones per class.
+//! producer/consumer pattern sent every `malloc` and `free` to the locked arena, and magazine
+//! caches run dry as soon as the submitter is thousands of tasks ahead of the workers. A slab
+//! costs one allocation per 31 to 255 nodes; handing out a node touches no shared memory; a
+//! worker's frees into one slab are batched into one `fetch_sub` of its header (see
+//! `crate::slab` for the protocol and the memory bound: one live node pins its 16 KiB slab).
 //!
-//! A thread whose cache is gone (during its thread-local destructors) or busy falls back to the
-//! global allocator with the class's layout, so any block can always be freed either way.
+//! Class layouts are only ever served from slabs, so [`free`] tells a slab block from a global
+//! allocator block by the layout alone. A thread whose thread-local state is gone (during its
+//! thread-local destructors) or busy gets a slab of its own for the one block, retired at once,
+//! and frees a block with an unbatched `fetch_sub`.
 //!
-//! The depots are statics, so they are never dropped; instead each depot counts the caches that
-//! use it and the last one to go (a thread's cache is dropped with its thread-local storage)
-//! frees every block the depot holds (`keyserial_core::recycle`, "When the depot gives its
-//! memory back"). While threads that used keyserial are alive the depots hold at most 64
-//! magazines of 32 blocks per class; once they have all ended, nothing. That is what keeps this
-//! crate's tests clean under Miri's leak check without `-Zmiri-ignore-leaks`. (A thread whose
-//! thread-local destructors never run, such as one still running at process exit, keeps its own
-//! two magazines and its depot users; the system takes them back with the process.)
+//! Each thread's bump allocators retire their slabs, and its freer flushes its pending count,
+//! when its thread-local storage is destroyed; a slab is freed by whoever takes its count to zero,
+//! so once every thread that used keyserial has ended and every node is freed, nothing is held
+//! but at most `slab::SPARE_SLOTS` empty slabs in a static.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -26,14 +25,6 @@ use std::ptr::NonNull;
 /// The block sizes of the classes; every class block is [`CLASS_ALIGN`]-aligned.
 const CLASS_SIZES: [usize; 4] = [64, 128, 256, 512];
 const CLASS_ALIGN: usize = 16;
-
-/// The layout of every block of the class of `size`.
-const fn class_layout(size: usize) -> Layout {
-    match Layout::from_size_align(size, CLASS_ALIGN) {
-        Ok(l) => l,
-        Err(_) => panic!("bad class layout"),
-    }
-}
 
 /// Smallest class able to hold `layout`, if any.
 #[inline]
@@ -52,41 +43,32 @@ const fn class_of(layout: Layout) -> Option<usize> {
 }
 
 #[cfg(not(loom))]
-mod cached {
+mod local {
     use std::cell::RefCell;
 
-    use keyserial_core::recycle::{Cache, Depot};
+    use crate::slab::{Bump, Freer};
 
-    use super::{class_layout, CLASS_SIZES};
+    use super::CLASS_SIZES;
 
-    /// Magazines kept per class beyond the threads' own.
-    const DEPOT_MAGAZINES: usize = 64;
-
-    pub(super) static DEPOTS: [Depot<DEPOT_MAGAZINES>; 4] = [
-        Depot::new(class_layout(CLASS_SIZES[0])),
-        Depot::new(class_layout(CLASS_SIZES[1])),
-        Depot::new(class_layout(CLASS_SIZES[2])),
-        Depot::new(class_layout(CLASS_SIZES[3])),
-    ];
+    /// A thread's allocation and free state. Dropped with the thread's locals: the freer
+    /// flushes and the bump allocators retire their slabs.
+    pub(super) struct Local {
+        pub(super) bumps: [Bump; 4],
+        pub(super) freer: Freer,
+    }
 
     thread_local! {
-        pub(super) static CACHES: RefCell<[Cache<'static, DEPOT_MAGAZINES>; 4]> = const {
-            RefCell::new([
-                Cache::new(&DEPOTS[0]),
-                Cache::new(&DEPOTS[1]),
-                Cache::new(&DEPOTS[2]),
-                Cache::new(&DEPOTS[3]),
-            ])
+        pub(super) static LOCAL: RefCell<Local> = const {
+            RefCell::new(Local {
+                bumps: [
+                    Bump::new(CLASS_SIZES[0]),
+                    Bump::new(CLASS_SIZES[1]),
+                    Bump::new(CLASS_SIZES[2]),
+                    Bump::new(CLASS_SIZES[3]),
+                ],
+                freer: Freer::new(),
+            })
         };
-    }
-}
-
-/// The layout actually allocated for `layout`.
-#[inline]
-fn block_layout(layout: Layout) -> Layout {
-    match class_of(layout) {
-        Some(c) => class_layout(CLASS_SIZES[c]),
-        None => layout,
     }
 }
 
@@ -97,19 +79,18 @@ pub(crate) fn alloc(layout: Layout) -> NonNull<u8> {
     assert!(layout.size() > 0, "nodes are never zero-sized");
     #[cfg(not(loom))]
     if let Some(c) = class_of(layout) {
-        if let Ok(Some(p)) = cached::CACHES.try_with(|caches| {
-            caches
-                .try_borrow_mut()
-                .ok()
-                .map(|mut caches| caches[c].alloc())
-        }) {
+        if let Ok(Some(p)) =
+            local::LOCAL.try_with(|l| l.try_borrow_mut().ok().map(|mut l| l.bumps[c].alloc()))
+        {
             return p;
         }
+        // No thread-local state: a slab of our own for this one block, retired at once.
+        let mut bump = crate::slab::Bump::new(CLASS_SIZES[c]);
+        return bump.alloc(); // `bump` retires the slab as it drops
     }
-    let block = block_layout(layout);
-    // SAFETY: `block` is not zero-sized (neither is `layout`, and classes are at least 64 bytes).
-    let p = unsafe { std::alloc::alloc(block) };
-    NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(block))
+    // SAFETY: `layout` is not zero-sized.
+    let p = unsafe { std::alloc::alloc(layout) };
+    NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout))
 }
 
 /// Gives back memory from [`alloc`] with the same `layout`.
@@ -119,24 +100,37 @@ pub(crate) fn alloc(layout: Layout) -> NonNull<u8> {
 #[inline]
 pub(crate) unsafe fn free(p: NonNull<u8>, layout: Layout) {
     #[cfg(not(loom))]
-    if let Some(c) = class_of(layout) {
-        let cached = cached::CACHES.try_with(|caches| match caches.try_borrow_mut() {
-            Ok(mut caches) => {
-                // SAFETY: a block of class `c`'s layout, from a cache over `DEPOTS[c]` or from
-                // the global allocator with that layout (`alloc`'s fallback): both are what
-                // `Cache::free` accepts; per the contract it is unused and freed once.
-                unsafe { caches[c].free(p) };
+    if class_of(layout).is_some() {
+        let batched = local::LOCAL.try_with(|l| match l.try_borrow_mut() {
+            Ok(mut l) => {
+                // SAFETY: class layouts are only ever served from slabs (`alloc`); per the
+                // contract the block is unused and freed once.
+                unsafe { l.freer.free(p) };
                 true
             }
             Err(_) => false,
         });
-        if cached == Ok(true) {
-            return;
+        if batched != Ok(true) {
+            // SAFETY: as above, unbatched.
+            unsafe { crate::slab::free_one(p) };
         }
+        return;
     }
-    // SAFETY: `alloc` allocated `p` with `block_layout(layout)` (the class layout, from a cache
-    // or the global allocator) and per the contract nobody uses it any more.
-    unsafe { std::alloc::dealloc(p.as_ptr(), block_layout(layout)) }
+    // SAFETY: `alloc` allocated `p` with `layout` from the global allocator (under loom, or not a
+    // class layout) and per the contract nobody uses it any more.
+    unsafe { std::alloc::dealloc(p.as_ptr(), layout) }
+}
+
+/// Tells the slab this thread last freed into about the blocks freed since (a worker calls this
+/// before it parks, so an idle worker does not keep a slab alive).
+#[inline]
+pub(crate) fn flush() {
+    #[cfg(not(loom))]
+    let _ = local::LOCAL.try_with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut() {
+            l.freer.flush();
+        }
+    });
 }
 
 /// The key table's entries come from the same recycled classes (a key is created on the
@@ -220,41 +214,32 @@ mod tests {
         }
     }
 
-    /// With the thread's caches borrowed (a free from inside an allocation, say) `alloc` and
-    /// `free` fall back to the global allocator with the class layout, and either kind of block
-    /// can later be freed the other way.
+    /// With the thread's state borrowed (a free from inside an allocation, say) `alloc` gets a
+    /// slab of its own and `free` an unbatched decrement; either kind of block can later be
+    /// freed the other way.
     #[test]
-    fn a_busy_cache_falls_back_to_the_global_allocator() {
+    fn a_busy_thread_state_falls_back_to_unbatched_slabs() {
         let layout = Layout::new::<[u64; 6]>();
-        let cached = alloc(layout);
-        fill(cached, layout.size(), 1);
-        let (fallback, also_fallback) = cached::CACHES.with(|caches| {
-            let _busy = caches.borrow_mut();
+        let batched = alloc(layout);
+        fill(batched, layout.size(), 1);
+        let (fallback, other) = local::LOCAL.with(|l| {
+            let _busy = l.borrow_mut();
             let a = alloc(layout);
             let b = alloc(layout);
             fill(a, layout.size(), 2);
             fill(b, layout.size(), 3);
-            // A cached block freed while the cache is busy goes to the global allocator.
-            check(cached, layout.size(), 1);
+            check(batched, layout.size(), 1);
             // SAFETY: from `alloc(layout)`, freed once.
-            unsafe { free(cached, layout) };
-            // A fallback block freed the same way.
+            unsafe { free(batched, layout) };
             // SAFETY: as above.
             unsafe { free(b, layout) };
             (a, b.as_ptr() as usize)
         });
-        assert_ne!(fallback.as_ptr() as usize, also_fallback);
+        assert_ne!(fallback.as_ptr() as usize, other);
         check(fallback, layout.size(), 2);
-        // A fallback block freed into the cache, then handed out again from it.
         // SAFETY: from `alloc(layout)`, freed once.
         unsafe { free(fallback, layout) };
-        let again = alloc(layout);
-        assert_eq!(
-            again, fallback,
-            "the cache reuses the block it was just given"
-        );
-        // SAFETY: as above.
-        unsafe { free(again, layout) };
+        flush();
     }
 
     #[test]
@@ -295,66 +280,6 @@ mod tests {
             p.join().unwrap();
         }
         assert_eq!(freer.join().unwrap(), threads * per * 2);
-    }
-
-    /// A thread's caches are torn down with its thread-local storage: their magazines go to the
-    /// depot, where another thread's cache picks them up; and once the last cache over a depot
-    /// is gone the depot holds nothing (so no block is left behind at exit).
-    #[test]
-    fn caches_torn_down_at_thread_exit_hand_their_blocks_on() {
-        let _only_us = LAST_CLASS.lock().unwrap_or_else(|e| e.into_inner());
-        const CLASS: usize = 3;
-        let layout = Layout::new::<[u8; 512]>();
-        assert_eq!(class_of(layout), Some(CLASS));
-        let depot = &cached::DEPOTS[CLASS];
-        let batch = keyserial_core::recycle::BATCH;
-        assert_eq!(
-            depot.magazines(),
-            0,
-            "no thread uses this class between the tests"
-        );
-
-        let user = std::thread::spawn(move || {
-            // Become a user of the depot: free enough blocks to rotate a magazine.
-            let mine: Vec<_> = (0..2 * batch + 1).map(|_| alloc(layout)).collect();
-            for b in mine {
-                // SAFETY: from `alloc(layout)`, freed once.
-                unsafe { free(b, layout) };
-            }
-            // Blocks for another thread to free and take down with it.
-            let given: Vec<_> = (0..3 * batch).map(|_| Block(alloc(layout))).collect();
-            let given_at: HashSet<usize> = given.iter().map(|b| b.0.as_ptr() as usize).collect();
-            std::thread::spawn(move || {
-                for b in given {
-                    fill(b.0, layout.size(), 0xEE);
-                    // SAFETY: from `alloc(layout)`, handed over whole, freed once.
-                    unsafe { free(b.0, layout) };
-                }
-            })
-            .join()
-            .unwrap();
-            // The other thread's whole cache is in the depot now: three magazines.
-            assert_eq!(depot.magazines(), 3);
-            // This thread's cache is empty (`given` took its blocks and the magazine it had
-            // rotated into the depot), so its next allocations take the depot's three
-            // magazines: every given block comes back.
-            let back: Vec<_> = (0..3 * batch + 1).map(|_| alloc(layout)).collect();
-            let back_at: HashSet<usize> = back.iter().map(|p| p.as_ptr() as usize).collect();
-            assert!(
-                given_at.is_subset(&back_at),
-                "the exited thread's blocks came back"
-            );
-            for b in back {
-                // SAFETY: from `alloc(layout)`, freed once.
-                unsafe { free(b, layout) };
-            }
-        });
-        user.join().unwrap();
-        assert_eq!(
-            depot.magazines(),
-            0,
-            "the last user's exit emptied the depot"
-        );
     }
 
     /// A block freed from a thread-local destructor that runs after the thread's caches are

@@ -254,6 +254,8 @@ where
             }
             self.searching = false;
             self.flush_garbage();
+            // Our pending slab count would otherwise keep a slab alive while we sleep.
+            crate::nodes::flush();
             let timeout = self.park_timeout(idle_since);
             self.owned
                 .as_ref()
