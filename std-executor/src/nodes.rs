@@ -133,30 +133,144 @@ pub(crate) fn flush() {
     });
 }
 
-/// The key table's entries come from the same recycled classes (a key is created on the
-/// submitting thread and freed on whichever thread runs the epoch's deferred frees: the same
-/// producer/consumer pattern as task nodes).
+/// The key table's entries do **not** come from slabs: a key may live for hours while the task
+/// nodes around it come and go, and one long-lived entry would pin a whole 16 KiB slab. They use
+/// the same four classes through keyserial-core's magazine caches instead (a key is created on the
+/// submitting thread and freed on whichever thread runs the epoch's deferred frees; freed blocks
+/// travel back in batches of [`BATCH`](keyserial_core::recycle::BATCH), and the memory held is
+/// bounded: two magazines per thread and class plus 64 shared ones).
+/// The depots are statics that count their caches; the last cache to go empties its depot
+/// (`keyserial_core::recycle`, "When the depot gives its memory back").
 pub(crate) struct Recycled;
 
+const fn class_layout(size: usize) -> Layout {
+    match Layout::from_size_align(size, CLASS_ALIGN) {
+        Ok(l) => l,
+        Err(_) => panic!("bad class layout"),
+    }
+}
+
+/// The layout actually allocated for an entry of `layout`.
+#[inline]
+fn entry_block_layout(layout: Layout) -> Layout {
+    match class_of(layout) {
+        Some(c) => class_layout(CLASS_SIZES[c]),
+        None => layout,
+    }
+}
+
+#[cfg(not(loom))]
+mod magazines {
+    use std::cell::RefCell;
+
+    use keyserial_core::recycle::{Cache, Depot};
+
+    use super::{class_layout, CLASS_SIZES};
+
+    /// Magazines kept per class beyond the threads' own.
+    const DEPOT_MAGAZINES: usize = 64;
+
+    pub(super) static DEPOTS: [Depot<DEPOT_MAGAZINES>; 4] = [
+        Depot::new(class_layout(CLASS_SIZES[0])),
+        Depot::new(class_layout(CLASS_SIZES[1])),
+        Depot::new(class_layout(CLASS_SIZES[2])),
+        Depot::new(class_layout(CLASS_SIZES[3])),
+    ];
+
+    thread_local! {
+        pub(super) static CACHES: RefCell<[Cache<'static, DEPOT_MAGAZINES>; 4]> = const {
+            RefCell::new([
+                Cache::new(&DEPOTS[0]),
+                Cache::new(&DEPOTS[1]),
+                Cache::new(&DEPOTS[2]),
+                Cache::new(&DEPOTS[3]),
+            ])
+        };
+    }
+}
+
 // SAFETY: `alloc` returns memory valid for `layout` (a class block of at least its size and
-// alignment, or the global allocator's block), and `free` accepts any of them with the same
-// layout on any thread (see `free`'s contract).
+// alignment, from a magazine or the global allocator, or the global allocator's block for
+// `layout`), and `free` accepts any of them with the same layout on any thread.
 unsafe impl keyserial_core::table::EntryAlloc for Recycled {
     #[inline]
     fn alloc(layout: Layout) -> NonNull<u8> {
-        alloc(layout)
+        assert!(layout.size() > 0, "entries are never zero-sized");
+        #[cfg(not(loom))]
+        if let Some(c) = class_of(layout) {
+            if let Ok(Some(p)) = magazines::CACHES.try_with(|caches| {
+                caches
+                    .try_borrow_mut()
+                    .ok()
+                    .map(|mut caches| caches[c].alloc())
+            }) {
+                return p;
+            }
+        }
+        let block = entry_block_layout(layout);
+        // SAFETY: `block` is not zero-sized (neither is `layout`; classes are 64 bytes or more).
+        let p = unsafe { std::alloc::alloc(block) };
+        NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(block))
     }
 
     #[inline]
     unsafe fn free(block: NonNull<u8>, layout: Layout) {
-        // SAFETY: per `EntryAlloc::free`'s contract the block came from `alloc(layout)`.
-        unsafe { free(block, layout) }
+        #[cfg(not(loom))]
+        if let Some(c) = class_of(layout) {
+            let cached = magazines::CACHES.try_with(|caches| match caches.try_borrow_mut() {
+                Ok(mut caches) => {
+                    // SAFETY: a block of class `c`'s layout, from a cache over `DEPOTS[c]` or
+                    // from the global allocator with that layout (`alloc`'s fallback), which is
+                    // what `Cache::free` accepts; per `EntryAlloc::free`'s contract it is unused
+                    // and freed once.
+                    unsafe { caches[c].free(block) };
+                    true
+                }
+                Err(_) => false,
+            });
+            if cached == Ok(true) {
+                return;
+            }
+        }
+        // SAFETY: `alloc` allocated `block` with `entry_block_layout(layout)` (a magazine's class
+        // block or the global allocator's), and per the contract nobody uses it any more.
+        unsafe { std::alloc::dealloc(block.as_ptr(), entry_block_layout(layout)) }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_come_from_magazines_and_go_back_on_any_thread() {
+        use keyserial_core::table::EntryAlloc;
+        let layout = Layout::from_size_align(100, 8).unwrap();
+        let n = if cfg!(miri) { 70 } else { 1_000 };
+        let blocks: Vec<usize> = (0..n)
+            .map(|i| {
+                let p = Recycled::alloc(layout);
+                // SAFETY: a fresh block of at least 100 bytes.
+                unsafe { p.as_ptr().write_bytes(i as u8, 100) };
+                p.as_ptr() as usize
+            })
+            .collect();
+        let distinct: std::collections::HashSet<_> = blocks.iter().collect();
+        assert_eq!(distinct.len(), n, "no block handed out twice");
+        std::thread::spawn(move || {
+            for b in blocks {
+                let p = NonNull::new(b as *mut u8).unwrap();
+                // SAFETY: each block came from `Recycled::alloc(layout)` and is freed once.
+                unsafe { Recycled::free(p, layout) };
+            }
+        })
+        .join()
+        .unwrap();
+        // What the other thread freed comes back here through the depot.
+        let p = Recycled::alloc(layout);
+        // SAFETY: from `alloc(layout)`, freed once.
+        unsafe { Recycled::free(p, layout) };
+    }
     use std::collections::HashSet;
     use std::sync::Mutex;
 
