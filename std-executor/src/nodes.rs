@@ -219,10 +219,9 @@ unsafe impl keyserial_core::table::EntryAlloc for Recycled {
         if let Some(c) = class_of(layout) {
             let cached = magazines::CACHES.try_with(|caches| match caches.try_borrow_mut() {
                 Ok(mut caches) => {
-                    // SAFETY: a block of class `c`'s layout, from a cache over `DEPOTS[c]` or
-                    // from the global allocator with that layout (`alloc`'s fallback), which is
-                    // what `Cache::free` accepts; per `EntryAlloc::free`'s contract it is unused
-                    // and freed once.
+                    // SAFETY: a class-`c` block from a cache over `DEPOTS[c]` or the global
+                    // allocator (`alloc`'s fallback), as `Cache::free` accepts; unused and freed
+                    // once per `EntryAlloc::free`'s contract.
                     unsafe { caches[c].free(block) };
                     true
                 }
