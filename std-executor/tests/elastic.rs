@@ -148,11 +148,12 @@ fn a_burst_of_blocking_tasks_grows_the_pool() {
     eprintln!("slowest growth over 200 trials: {slowest:?}");
 }
 
-#[test]
-fn keys_queued_while_idle_run_while_the_first_one_blocks() {
-    // Keys 0-4 are submitted while the worker is idle; key 0's task blocks. Keys 1-4 must run
-    // while it blocks (on an extra worker), without any later submit.
-    let slowest = trials(50, |trial| {
+/// Keys 1-4 get `rounds` tasks each, submitted right behind key 0's blocking task while the
+/// worker was idle; after the first round key 0 is running (blocked), so the later rounds go to
+/// keys that already have work queued (such a submit schedules nothing). Every one of them must
+/// run while key 0 still blocks, without any later submit.
+fn followers_of_a_blocked_key_run(trials_n: usize, rounds: usize) -> Duration {
+    trials(trials_n, |trial| {
         let s = elastic();
         // Let the worker go idle (searching or asleep) before the burst.
         thread::sleep(Duration::from_millis(1));
@@ -161,37 +162,7 @@ fn keys_queued_while_idle_run_while_the_first_one_blocks() {
         let ran = Arc::new(AtomicUsize::new(0));
         let l = latch.clone();
         let blocker = s.submit(0, move || l.wait()).unwrap();
-        for k in 1..5 {
-            let ran = ran.clone();
-            s.execute(k, move || {
-                ran.fetch_add(1, Ordering::SeqCst);
-            })
-            .unwrap();
-        }
-        let took = within("keys 1-4 running beside the blocked key 0", trial, || {
-            ran.load(Ordering::SeqCst) == 4
-        });
-        assert!(!blocker.is_finished());
-        latch.open();
-        blocker.join().unwrap();
-        took
-    });
-    eprintln!("slowest over 50 trials: {slowest:?}");
-}
-
-#[test]
-fn submits_to_keys_with_queued_work_are_not_stranded() {
-    // As above, and then more tasks go to keys 1-4, which already have work queued (such a
-    // submit schedules nothing): every one of them runs while key 0 still blocks.
-    let slowest = trials(50, |trial| {
-        let s = elastic();
-        thread::sleep(Duration::from_millis(1));
-        let latch = Arc::new(Latch::default());
-        let _open = OpenOnDrop(latch.clone());
-        let ran = Arc::new(AtomicUsize::new(0));
-        let l = latch.clone();
-        let blocker = s.submit(0, move || l.wait()).unwrap();
-        for round in 0..3 {
+        for round in 0..rounds {
             for k in 1..5 {
                 let ran = ran.clone();
                 s.execute(k, move || {
@@ -199,21 +170,31 @@ fn submits_to_keys_with_queued_work_are_not_stranded() {
                 })
                 .unwrap();
             }
-            if round == 0 {
-                // Key 0 is now blocked (or about to be) with keys 1-4 queued behind nothing.
+            if round == 0 && rounds > 1 {
                 while s.stats().running == 0 {
                     thread::yield_now();
                 }
             }
         }
-        let took = within("all 12 tasks of keys 1-4", trial, || {
-            ran.load(Ordering::SeqCst) == 12
+        let took = within("keys 1-4 running beside the blocked key 0", trial, || {
+            ran.load(Ordering::SeqCst) == 4 * rounds
         });
         assert!(!blocker.is_finished());
         latch.open();
         blocker.join().unwrap();
         took
-    });
+    })
+}
+
+#[test]
+fn keys_queued_while_idle_run_while_the_first_one_blocks() {
+    let slowest = followers_of_a_blocked_key_run(50, 1);
+    eprintln!("slowest over 50 trials: {slowest:?}");
+}
+
+#[test]
+fn submits_to_keys_with_queued_work_are_not_stranded() {
+    let slowest = followers_of_a_blocked_key_run(50, 3);
     eprintln!("slowest over 50 trials: {slowest:?}");
 }
 
