@@ -5,6 +5,7 @@
 //! the concrete type (dropped, threads joined, when the visit returns).
 
 use crate::exec::KeyedExecutor;
+use crate::fifo_tickets::FifoTickets;
 use crate::inline::Inline;
 use crate::keyserial_exec::KeyserialExec;
 use crate::lanes::Lanes;
@@ -16,6 +17,9 @@ use crate::workloads::Workload;
 
 /// The queue bound of the `keyserial_bounded` row.
 pub const BOUNDED_CAPACITY: usize = 16_384;
+
+/// Largest number of keys the `fifo_tickets` prototype is run with (it never frees a key).
+pub const PROTOTYPE_MAX_KEYS: usize = 100_000;
 
 /// Largest number of keys thread-per-key is run with (one OS thread each).
 pub const THREAD_PER_KEY_MAX: usize = 1_024;
@@ -50,6 +54,9 @@ pub enum Contender {
     TokioActor,
     /// A plain pool on one channel (not a serializer).
     Unordered,
+    /// A prototype of a proposed keyserial design (`fifo_tickets`): not a baseline, never in
+    /// keyserial's ratios nor the winner line; skipped where it would hold too many keys.
+    FifoTickets,
 }
 
 impl Contender {
@@ -71,6 +78,7 @@ impl Contender {
             v.push(Contender::Keyserial);
             v.push(Contender::KeyserialBounded);
         }
+        v.push(Contender::FifoTickets);
         v.extend(Self::BASELINES);
         v
     }
@@ -92,6 +100,7 @@ impl Contender {
             Contender::Striped => "striped",
             Contender::TokioActor => "tokio_actor",
             Contender::Unordered => "unordered",
+            Contender::FifoTickets => "fifo_tickets",
         }
     }
 
@@ -99,7 +108,11 @@ impl Contender {
     pub fn from_id(id: &str) -> Option<Contender> {
         Self::BASELINES
             .into_iter()
-            .chain([Contender::Keyserial, Contender::KeyserialBounded])
+            .chain([
+                Contender::Keyserial,
+                Contender::KeyserialBounded,
+                Contender::FifoTickets,
+            ])
             .find(|c| c.id() == id)
     }
 
@@ -123,7 +136,16 @@ impl Contender {
             Contender::Unordered => format!(
                 "{workers} workers on one crossbeam channel, no order (floor of a handoff)"
             ),
+            Contender::FifoTickets => format!(
+                "PROTOTYPE of a keyserial redesign: one global FIFO + per-key tickets, {workers} workers"
+            ),
         }
+    }
+
+    /// Whether the row is a prototype of a proposed keyserial design (shown for comparison, kept
+    /// out of the winner line and of keyserial's ratios).
+    pub fn is_prototype(self) -> bool {
+        self == Contender::FifoTickets
     }
 
     /// Whether the contender promises per-key order (the unordered pool does not).
@@ -158,6 +180,10 @@ impl Contender {
             Contender::KeyserialBounded if !matches!(w.group(), "W3" | "W6") => {
                 Some("run on W3 and W6 only".into())
             }
+            // The prototype never retires a key's state: many keys would only measure that.
+            Contender::FifoTickets if w.keys() > PROTOTYPE_MAX_KEYS => {
+                Some(format!("skipped (prototype keeps all {} keys)", w.keys()))
+            }
             _ => None,
         }
     }
@@ -175,6 +201,7 @@ impl Contender {
             Contender::Striped => v.visit(&Striped::new(workers)),
             Contender::TokioActor => v.visit(&TokioActor::new(workers)),
             Contender::Unordered => v.visit(&Unordered::new(workers)),
+            Contender::FifoTickets => v.visit(&FifoTickets::new(workers)),
         }
     }
 }

@@ -16,6 +16,7 @@
 pub mod checker;
 pub mod contenders;
 pub mod exec;
+pub mod fifo_tickets;
 pub mod inline;
 pub mod keyserial_exec;
 pub mod lanes;
