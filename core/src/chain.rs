@@ -135,7 +135,7 @@ impl Link {
     /// # Safety
     /// The caller owns `link` (it is not reachable by any other thread right now).
     #[inline]
-    unsafe fn set_next(link: NonNull<Link>, next: *mut Link) {
+    pub(crate) unsafe fn set_next(link: NonNull<Link>, next: *mut Link) {
         // SAFETY: the caller owns the node, so no other access to `next` can race with this write.
         unsafe { (*link.as_ptr()).next.with_mut(|p| *p = next) }
     }
@@ -143,7 +143,7 @@ impl Link {
     /// # Safety
     /// The caller owns `link`, or it is published to the caller by an acquire of the state word.
     #[inline]
-    unsafe fn next(link: NonNull<Link>) -> *mut Link {
+    pub(crate) unsafe fn next(link: NonNull<Link>) -> *mut Link {
         // SAFETY: the node is owned by the caller; its last write happened-before this read.
         unsafe { (*link.as_ptr()).next.with(|p| *p) }
     }

@@ -57,3 +57,4 @@ pub mod ready;
 pub mod recycle;
 #[cfg(feature = "alloc")]
 pub mod table;
+pub mod ticket;
