@@ -8,57 +8,52 @@
 //! hardware prefetcher streams. This row measures what keyserial would gain by consuming in
 //! submission order too, with every other part as simple as possible:
 //!
-//! - **Submit**: find the key's entry in `keyserial_core`'s key table, take the next ticket of the
-//!   key (`issued.fetch_add(1)`), push `(entry, ticket, task)` onto one global crossbeam
-//!   `Injector`, wake a parked worker if any.
-//! - **Worker**: take items from the global queue in batches of at most 4 (into its own deque,
-//!   from which idle siblings steal), and for each item lock the key's small state: if the key is
-//!   free and the ticket is the one it serves next, mark it busy and run the task; otherwise park
-//!   the task in the key's state. After a task the worker serves the next ticket itself if it is
-//!   parked, else frees the key.
+//! - **Submit**: find the key's entry in `keyserial_core`'s key table, take the key's next ticket
+//!   ([`Tickets::issue`], on a cache line only submitters write), write a node (ticket, entry,
+//!   task), push it onto one global crossbeam `Injector`, wake a parked worker if any. The
+//!   submitter never touches the key's chain.
+//! - **Worker**: take nodes from the global queue in batches of at most 4 (into its own deque,
+//!   from which idle siblings steal) and push each onto its key's
+//!   [`TicketChain`](keyserial_core::ticket::TicketChain): the push that activates the chain makes
+//!   the worker its owner, which runs the key's nodes in ticket order (parking any that arrive
+//!   early) and releases it; otherwise the owner runs the node.
 //! - Each key's tasks run one at a time in ticket order, and tickets are taken in submission
 //!   order: the compare program's order check verifies it on every run.
 //!
-//! Left out, because it does not change the cost of the paths measured: key retirement (entries
-//! live as long as the executor, so W3's memory grows with its keys), a fairness budget, a bound.
-//! The per-key state is a `Mutex` (two uncontended lock/unlock pairs per task, about the RMWs a
-//! lock-free version would need).
+//! Nodes come from keyserial-core's magazine caches (`recycle`), one block per task. Left out,
+//! because it does not change the cost of the paths measured: key retirement (entries live as long
+//! as the executor, so memory grows with the keys), a fairness budget, a bound.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::alloc::Layout;
+use std::cell::RefCell;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use crossbeam_utils::sync::{Parker, Unparker};
 use crossbeam_utils::{Backoff, CachePadded};
+use keyserial_core::chain::{Link, Linked, Pushed};
+use keyserial_core::recycle::{Cache, Depot};
 use keyserial_core::table::{Entry, Retire, Table};
+use keyserial_core::ticket::{TicketChain, Ticketed, Tickets};
 
 use crate::exec::{Completion, KeyedExecutor, StaticRef, Task};
 
-/// A key's state. `issued` is written only by submitters, the rest only by workers: they sit on
-/// separate cache lines.
+/// A key's state: its ticket counter (written by submitters, on its own cache line) and its
+/// chain (touched by workers).
 struct KeyState {
-    issued: CachePadded<AtomicU64>,
-    turn: Mutex<Turn>,
-}
-
-#[derive(Default)]
-struct Turn {
-    /// The ticket allowed to start next.
-    serving: u64,
-    /// A task of the key is running.
-    busy: bool,
-    /// Tasks that arrived before their turn, by ticket.
-    parked: BTreeMap<u64, Task>,
+    tickets: CachePadded<Tickets>,
+    chain: TicketChain<Node>,
 }
 
 impl KeyState {
     fn new() -> Self {
         KeyState {
-            issued: CachePadded::new(AtomicU64::new(0)),
-            turn: Mutex::new(Turn::default()),
+            tickets: CachePadded::new(Tickets::new()),
+            chain: TicketChain::new(),
         }
     }
 }
@@ -71,17 +66,89 @@ impl Retire for KeyState {
 
 type Keys = Table<u64, KeyState, foldhash::fast::RandomState>;
 
-/// One queued task: its key's entry (alive as long as the table), its ticket, the task.
-struct Item {
+/// One task on its way: its link, its key's ticket and entry, the task.
+#[repr(C)]
+struct Node {
+    link: Link,
+    ticket: usize,
     entry: StaticRef<Entry<u64, KeyState>>,
-    ticket: u64,
     task: Task,
 }
 
+// SAFETY: `link` is the first field of a `repr(C)` struct, so the casts are exact inverses.
+unsafe impl Linked for Node {
+    fn link(node: NonNull<Self>) -> NonNull<Link> {
+        node.cast()
+    }
+
+    unsafe fn from_link(link: NonNull<Link>) -> NonNull<Self> {
+        link.cast()
+    }
+
+    unsafe fn drop_queued(node: NonNull<Self>) {
+        // SAFETY: the chain hands over a node it never uses again; it came from `alloc_node`.
+        drop(unsafe { take_node(node) });
+    }
+}
+
+// SAFETY: the ticket is written before the node is queued and never changed; reading it does not
+// touch the link.
+unsafe impl Ticketed for Node {
+    unsafe fn ticket(node: NonNull<Self>) -> usize {
+        // SAFETY: the caller may read the node (trait contract).
+        unsafe { node.as_ref() }.ticket
+    }
+}
+
+const NODE_DEPOT: usize = 64;
+static NODES: Depot<NODE_DEPOT> = Depot::new(Layout::new::<Node>());
+
+thread_local! {
+    static CACHE: RefCell<Cache<'static, NODE_DEPOT>> = const { RefCell::new(Cache::new(&NODES)) };
+}
+
+fn alloc_node(node: Node) -> NonNull<Node> {
+    let p = CACHE
+        .try_with(|c| c.borrow_mut().alloc())
+        .unwrap_or_else(|_| {
+            // SAFETY: `Node` is not zero-sized.
+            NonNull::new(unsafe { std::alloc::alloc(NODES.layout()) }).expect("out of memory")
+        })
+        .cast::<Node>();
+    // SAFETY: a fresh block of the depot's layout (at least a `Node`, aligned for it).
+    unsafe { p.as_ptr().write(node) };
+    p
+}
+
+/// Moves the node's contents out and gives its block back.
+///
+/// # Safety
+/// `node` came from [`alloc_node`], is owned by the caller, and is not used again.
+unsafe fn take_node(node: NonNull<Node>) -> Node {
+    // SAFETY: per the contract the node is live and ours.
+    let value = unsafe { node.as_ptr().read() };
+    let block = node.cast::<u8>();
+    let freed = CACHE.try_with(|c| {
+        // SAFETY: the block came from a cache over `NODES` (or the global allocator with its
+        // layout) and is no longer used.
+        unsafe { c.borrow_mut().free(block) }
+    });
+    if freed.is_err() {
+        // SAFETY: as above, through the global allocator with the depot's layout.
+        unsafe { std::alloc::dealloc(block.as_ptr(), NODES.layout()) };
+    }
+    value
+}
+
+/// A node pointer on its way through the queues.
+struct Transit(NonNull<Node>);
+// SAFETY: a node is owned by exactly one party at a time, and its task is Send.
+unsafe impl Send for Transit {}
+
 struct Shared {
     keys: Keys,
-    global: Injector<Item>,
-    stealers: Vec<Stealer<Item>>,
+    global: Injector<Transit>,
+    stealers: Vec<Stealer<Transit>>,
     unparkers: Vec<Unparker>,
     sleeping: CachePadded<AtomicUsize>,
     next_wake: AtomicUsize,
@@ -99,7 +166,7 @@ impl FifoTickets {
     /// Starts `workers` worker threads.
     pub fn new(workers: usize) -> Self {
         let workers = workers.max(1);
-        let deques: Vec<Worker<Item>> = (0..workers).map(|_| Worker::new_fifo()).collect();
+        let deques: Vec<Worker<Transit>> = (0..workers).map(|_| Worker::new_fifo()).collect();
         let parkers: Vec<Parker> = (0..workers).map(|_| Parker::new()).collect();
         let shared = Arc::new(Shared {
             keys: Table::with_hasher_and_collector(
@@ -130,13 +197,13 @@ impl FifoTickets {
     }
 }
 
-fn find(s: &Shared, index: usize, deque: &Worker<Item>) -> Option<Item> {
-    if let Some(item) = deque.pop() {
-        return Some(item);
+fn find(s: &Shared, index: usize, deque: &Worker<Transit>) -> Option<Transit> {
+    if let Some(t) = deque.pop() {
+        return Some(t);
     }
     loop {
         match s.global.steal_batch_with_limit_and_pop(deque, 4) {
-            Steal::Success(item) => return Some(item),
+            Steal::Success(t) => return Some(t),
             Steal::Retry => continue,
             Steal::Empty => break,
         }
@@ -145,7 +212,7 @@ fn find(s: &Shared, index: usize, deque: &Worker<Item>) -> Option<Item> {
     for k in 1..n {
         loop {
             match s.stealers[(index + k) % n].steal_batch_and_pop(deque) {
-                Steal::Success(item) => return Some(item),
+                Steal::Success(t) => return Some(t),
                 Steal::Retry => continue,
                 Steal::Empty => break,
             }
@@ -158,12 +225,12 @@ fn has_work(s: &Shared) -> bool {
     !s.global.is_empty() || s.stealers.iter().any(|st| !st.is_empty())
 }
 
-fn worker_loop(s: &Shared, index: usize, deque: &Worker<Item>, parker: &Parker) {
+fn worker_loop(s: &Shared, index: usize, deque: &Worker<Transit>, parker: &Parker) {
     let backoff = Backoff::new();
     loop {
-        if let Some(item) = find(s, index, deque) {
+        if let Some(Transit(node)) = find(s, index, deque) {
             backoff.reset();
-            run_item(s, item);
+            arrive(s, node);
             continue;
         }
         if s.stop.load(Ordering::Acquire) && !has_work(s) {
@@ -184,27 +251,29 @@ fn worker_loop(s: &Shared, index: usize, deque: &Worker<Item>, parker: &Parker) 
     }
 }
 
-fn run_item(s: &Shared, item: Item) {
-    let state = item.entry.value();
-    {
-        let mut turn = state.turn.lock().unwrap_or_else(|e| e.into_inner());
-        if turn.busy || turn.serving != item.ticket {
-            turn.parked.insert(item.ticket, item.task);
-            return;
-        }
-        turn.busy = true;
+/// A node reached a worker: push it onto its key's chain; if that made us the owner, run the
+/// key's nodes in ticket order and release it.
+fn arrive(s: &Shared, node: NonNull<Node>) {
+    // SAFETY: the node is ours until pushed; its entry lives as long as the table.
+    let entry = unsafe { node.as_ref() }.entry;
+    let chain = &entry.value().chain;
+    // SAFETY: a node we own, with a ticket from its key's counter, pushed once; entries are never
+    // retired here, so the push cannot bounce.
+    match unsafe { chain.push(node) } {
+        Ok(Pushed::Activated) => {}
+        Ok(Pushed::Queued) => return,
+        Err(_) => unreachable!("the prototype never retires a key"),
     }
-    let mut task = item.task;
     loop {
-        task();
-        s.done.completed();
-        let mut turn = state.turn.lock().unwrap_or_else(|e| e.into_inner());
-        turn.serving += 1;
-        let next = turn.serving;
-        match turn.parked.remove(&next) {
-            Some(t) => task = t,
-            None => {
-                turn.busy = false;
+        // SAFETY: the activating push made us the owner; popped nodes are ours.
+        unsafe {
+            while let Some(n) = chain.pop() {
+                let Node { task, .. } = take_node(n);
+                task();
+                s.done.completed();
+                chain.advance();
+            }
+            if chain.try_release() {
                 return;
             }
         }
@@ -233,15 +302,21 @@ impl KeyedExecutor for FifoTickets {
             Some(e) => e,
             None => s.keys.get_or_insert_cloned(&key, KeyState::new, &guard),
         };
-        let ticket = entry.value().issued.fetch_add(1, Ordering::Relaxed);
+        let ticket = entry
+            .value()
+            .tickets
+            .issue()
+            .expect("the prototype never closes a key's tickets");
         // SAFETY: entries are never retired or unlinked, so each lives as long as the table,
-        // which outlives every queued item (the workers drain the queues before `Drop` returns).
+        // which outlives every queued node (the workers drain the queues before `Drop` returns).
         let entry = unsafe { StaticRef::new(entry) };
-        s.global.push(Item {
-            entry,
+        let node = alloc_node(Node {
+            link: Link::new(),
             ticket,
+            entry,
             task,
         });
+        s.global.push(Transit(node));
         if s.sleeping.load(Ordering::SeqCst) > 0 {
             let n = s.unparkers.len();
             let i = s.next_wake.fetch_add(1, Ordering::Relaxed) % n;

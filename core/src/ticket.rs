@@ -416,7 +416,10 @@ impl<N: Ticketed> TicketChain<N> {
         unsafe {
             debug_assert_eq!(N::ticket(node), self.serving.load(Ordering::Relaxed));
             let link = N::link(node);
-            Link::set_next(link, self.early_head().map_or(ptr::null_mut(), NonNull::as_ptr));
+            Link::set_next(
+                link,
+                self.early_head().map_or(ptr::null_mut(), NonNull::as_ptr),
+            );
             self.set_early(link.as_ptr());
         }
     }
@@ -645,7 +648,10 @@ mod tests {
         let c = C::new();
         let t0 = tickets.issue().unwrap();
         assert!(!c.try_retire(&tickets), "ticket 0 is on its way");
-        assert!(!tickets.is_closed(), "a failed retire leaves the counter open");
+        assert!(
+            !tickets.is_closed(),
+            "a failed retire leaves the counter open"
+        );
         // SAFETY: ticket 0's node, pushed once; the push makes us the owner.
         unsafe {
             assert_eq!(c.push(BoxNode::new(t0)), Ok(Pushed::Activated));
