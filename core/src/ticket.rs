@@ -15,8 +15,8 @@
 //! | operation | who | transition | on failure |
 //! |---|---|---|---|
 //! | [`issue`](Tickets::issue) | a submitter | `n << 1 -> (n + 1) << 1`, returns ticket `n` | retry; on `CLOSED` returns [`Closed`] |
-//! | [`try_close`](Tickets::try_close) (inside [`TicketChain::try_retire`]) | a retirer | `s << 1 -> s << 1 \| CLOSED` | a ticket was issued since: nothing happens |
-//! | [`reopen`](Tickets::reopen) (inside [`TicketChain::try_retire`]) | the retirer that closed it | `s << 1 \| CLOSED -> s << 1` | — |
+//! | `try_close` (inside [`TicketChain::try_retire`]) | a retirer | `s << 1 -> s << 1 \| CLOSED` | a ticket was issued since: nothing happens |
+//! | `reopen` (inside [`TicketChain::try_retire`]) | the retirer that closed it | `s << 1 \| CLOSED -> s << 1` | — |
 //!
 //! Tickets wrap around at `usize::MAX >> 1`; only equality of tickets is ever used, so fewer than
 //! that many tasks of one key in flight at once is all it takes.
@@ -43,7 +43,8 @@
 //! is still on its way. [`TicketChain::try_retire`] therefore retires only when every issued ticket
 //! was served:
 //!
-//! 1. the chain is idle (acquire: the last owner's release, and its `serving`, are visible);
+//! 1. the chain is idle (a fast path: it spares closing the counter, which makes submitters
+//!    wait, while an owner holds the chain; correctness rests on steps 3 and 4);
 //! 2. read `serving` = `s`;
 //! 3. `try_close(s)`: succeeds only if exactly `s` tickets were issued. `serving` never exceeds
 //!    `issued`, so then all of them ran: nothing is queued, parked or on its way, and from now
@@ -54,7 +55,11 @@
 //!
 //! Between steps 3 and 4 [`issue`](Tickets::issue) returns [`Closed`]. A submitter that gets it
 //! looks its key up again: if the key's chain is retired it finds (or makes) a fresh entry,
-//! otherwise the retire is in flight or was undone and it simply tries again.
+//! otherwise the retire is in flight or was undone and it backs off and tries again. So a submit
+//! can wait for a retirer that is descheduled between those two steps, which the ticket-free
+//! [`Chain`] never makes a push do; a submitter must not help by retiring the chain itself (the
+//! retirer would then reopen a retired key). Neither type can be reset for reuse in fixed
+//! storage (there is no `revive`).
 //!
 //! Loom models: `loom/tests/ticket.rs`.
 
@@ -126,7 +131,9 @@ impl Tickets {
         }
     }
 
-    /// The next ticket of the key, or [`Closed`] while the key is being retired. Lock-free.
+    /// The next ticket of the key, or [`Closed`] while the key is being retired. Lock-free while
+    /// open; a caller that gets [`Closed`] while the chain is not yet retired waits for the retirer
+    /// (two steps, see "Retiring a key" in the module docs) and should back off and retry.
     ///
     /// ```
     /// let t = keyserial_core::ticket::Tickets::new();
@@ -138,8 +145,9 @@ impl Tickets {
             if cur & CLOSED != 0 {
                 return Err(Closed);
             }
-            // Release: a retirer whose close reads this value sees the issue (nothing else is
-            // published through this word; the node travels through the caller's queue).
+            // Only the exact value matters to the protocol (a close succeeds only on an unchanged
+            // count); nothing is published through this word, the node travels through the
+            // caller's queue. AcqRel is more than that needs, and is what the loom models check.
             match self.word.compare_exchange_weak(
                 cur,
                 cur.wrapping_add(ONE),
@@ -152,7 +160,7 @@ impl Tickets {
         }
     }
 
-    /// How many tickets were issued (modulo `usize::MAX >> 1`).
+    /// How many tickets were issued (modulo 2^(usize bits - 1)).
     ///
     /// ```
     /// let t = keyserial_core::ticket::Tickets::new();
@@ -305,15 +313,28 @@ impl<N: Ticketed> TicketChain<N> {
         }
     }
 
-    /// The underlying chain (for its state queries).
+    /// `true` if nobody owns the chain and nothing is queued on it (nodes may still be parked
+    /// early, or on their way: see [`try_retire`](Self::try_retire) for when a key is done).
     ///
     /// ```
     /// # use keyserial_core::{chain::BoxNode, ticket::TicketChain};
     /// let c: TicketChain<BoxNode<usize>> = TicketChain::new();
-    /// assert!(c.chain().is_idle());
+    /// assert!(c.is_idle());
     /// ```
-    pub fn chain(&self) -> &Chain<N> {
-        &self.chain
+    pub fn is_idle(&self) -> bool {
+        self.chain.is_idle()
+    }
+
+    /// `true` once the chain is retired (pushes are handed back).
+    ///
+    /// ```
+    /// # use keyserial_core::{chain::BoxNode, ticket::{TicketChain, Tickets}};
+    /// let c: TicketChain<BoxNode<usize>> = TicketChain::new();
+    /// assert!(c.try_retire(&Tickets::new()));
+    /// assert!(c.is_retired());
+    /// ```
+    pub fn is_retired(&self) -> bool {
+        self.chain.is_retired()
     }
 
     /// The ticket due next.
@@ -450,6 +471,8 @@ impl<N: Ticketed> TicketChain<N> {
 
     /// Gives up ownership if nothing was pushed meanwhile, exactly as [`Chain::try_release`];
     /// early nodes may stay parked (their predecessor is on its way and will activate the chain).
+    /// Refuses (returns `false`, still the owner) while the due node is parked, as after
+    /// [`unpop`](Self::unpop).
     ///
     /// # Safety
     /// The caller owns the chain, and [`pop`](Self::pop) has just returned `None`.
@@ -466,13 +489,23 @@ impl<N: Ticketed> TicketChain<N> {
     /// # unsafe { let _ = c.push(BoxNode::new(0)).unwrap(); for _ in 0..2 { BoxNode::into_value(c.pop().unwrap()); c.advance(); } assert!(c.try_release()); }
     /// ```
     pub unsafe fn try_release(&self) -> bool {
+        // A due node parked by `unpop` must be popped first: releasing over it would leave the key
+        // waiting for a ticket that is already here.
+        // SAFETY: the caller owns the chain, hence the early list.
+        if let Some(head) = unsafe { self.early_head() } {
+            // SAFETY: as above; parked nodes are the owner's.
+            let due = unsafe { N::ticket(N::from_link(head)) };
+            if due == self.serving.load(Ordering::Relaxed) {
+                return false;
+            }
+        }
         // SAFETY: forwarded contract.
         unsafe { self.chain.try_release() }
     }
 
     /// Retires the key if it is idle and every ticket issued by `tickets` was served (see
     /// "Retiring a key" in the module docs); afterwards `tickets` stays closed and pushes fail.
-    /// Lock-free.
+    /// Wait-free.
     ///
     /// `tickets` must be the counter that numbers this chain's nodes.
     ///
@@ -717,6 +750,10 @@ mod tests {
             let n = c.pop().unwrap();
             assert_eq!(n.as_ref().value, 0);
             c.unpop(n);
+            assert!(
+                !c.try_release(),
+                "the due node is parked: still ours to pop"
+            );
             assert_eq!(c.pop(), Some(n));
             BoxNode::into_value(n);
             c.advance();
@@ -740,7 +777,7 @@ mod tests {
                     ran.extend(drain(&c));
                 }
             }
-            assert!(c.chain().is_idle());
+            assert!(c.is_idle());
             assert_eq!(ran, [start, start + 1, 0]);
         }
     }
