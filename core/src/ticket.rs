@@ -18,8 +18,8 @@
 //! | `try_close` (inside [`TicketChain::try_retire`]) | a retirer | `s << 1 -> s << 1 \| CLOSED` | a ticket was issued since: nothing happens |
 //! | `reopen` (inside [`TicketChain::try_retire`]) | the retirer that closed it | `s << 1 \| CLOSED -> s << 1` | — |
 //!
-//! Tickets wrap around at `usize::MAX >> 1`; only equality of tickets is ever used, so fewer than
-//! that many tasks of one key in flight at once is all it takes.
+//! Tickets wrap around at 2^(usize bits - 1); only equality of tickets (and distance from the due
+//! one) is ever used, so fewer than that many tasks of one key in flight at once is all it takes.
 //!
 //! # Ticket order
 //!
@@ -61,7 +61,19 @@
 //! retirer would then reopen a retired key). Neither type can be reset for reuse in fixed
 //! storage (there is no `revive`).
 //!
-//! Loom models: `loom/tests/ticket.rs`.
+//! # Memory ordering
+//!
+//! | step | ordering | why |
+//! |---|---|---|
+//! | `issue` CAS | `AcqRel` | more than needed: the protocol uses only the exact value of the word (a close succeeds only on an unchanged count); the node itself is published by the caller's queue and the chain push |
+//! | `advance` store / `try_retire`'s load of `serving` | `Release` / `Acquire` | also more than needed (correctness rests on the exact close); it lets a retirer that sees a count see the runs behind it |
+//! | `try_close` CAS | `AcqRel` | orders the close against every issue on the word |
+//! | `reopen` | `Release` | the word returns to exactly its value before the close (nobody could issue or close meanwhile) |
+//! | the early list and `serving` between owners | the chain's own release/acquire | exactly as the chain's private FIFO |
+//!
+//! Loom models: `loom/tests/ticket.rs` (a review's mutation runs showed that they catch a close
+//! that ignores `serving`, a missing `reopen`, retiring the chain before closing, popping in
+//! arrival order, and serving an early node that is not due).
 
 use core::fmt;
 use core::ptr::{self, NonNull};
