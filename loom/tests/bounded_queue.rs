@@ -1,10 +1,30 @@
 //! Loom model of the no-alloc ready queue and node pool (core/src/ready.rs, core/src/pool.rs).
+//!
+//! **Thread order matters** (see `ticket.rs`): loom 0.7 keeps only the last access of each atomic
+//! for its race check, so a pop that finds the queue empty (it only loads the head and the cell's
+//! sequence) and runs before the producers is hidden by the producer's own load of that sequence
+//! before its store: loom never tries the push before the pop (tokio-rs/loom#392). With the pop
+//! on the main thread, before the joins, the racing pop found the queue empty in all 132
+//! executions explored. So the consumer is a thread spawned after the producers, the main thread
+//! only joins, and a coverage counter (a std static, outside the model) checks that every outcome
+//! of the racing pop was reached.
 #![cfg(loom)]
+
+use std::sync::atomic::AtomicUsize as StdAtomicUsize;
+use std::sync::atomic::Ordering as StdOrdering;
 
 use keyserial_core::pool::Pool;
 use keyserial_core::ready::BoundedQueue;
 use loom::sync::Arc;
 use loom::thread;
+
+/// What the racing pop of `bounded_queue_two_producers_one_consumer` got, over all executions:
+/// `[nothing, 1, 2]`.
+static RACING_POP: [StdAtomicUsize; 3] = [
+    StdAtomicUsize::new(0),
+    StdAtomicUsize::new(0),
+    StdAtomicUsize::new(0),
+];
 
 #[test]
 fn bounded_queue_two_producers_one_consumer() {
@@ -16,19 +36,28 @@ fn bounded_queue_two_producers_one_consumer() {
                 thread::spawn(move || q.push(v).is_ok())
             })
             .collect();
-        let mut got = Vec::new();
-        if let Some(v) = q.pop() {
-            got.push(v);
-        }
+        // Spawned last: an empty pop only loads (see the module docs).
+        let consumer = {
+            let q = q.clone();
+            thread::spawn(move || q.pop())
+        };
         for p in producers {
             assert!(p.join().unwrap(), "capacity 2 holds both");
         }
+        let first = consumer.join().unwrap();
+        RACING_POP[first.map_or(0, |v| v as usize)].fetch_add(1, StdOrdering::Relaxed);
+        let mut got: Vec<u32> = first.into_iter().collect();
         while let Some(v) = q.pop() {
             got.push(v);
         }
         got.sort();
         assert_eq!(got, [1, 2]);
     });
+    let [empty, one, two] = RACING_POP.each_ref().map(|c| c.load(StdOrdering::Relaxed));
+    assert!(
+        empty > 0 && one > 0 && two > 0,
+        "the racing pop found nothing in {empty}, 1 in {one}, 2 in {two} executions: an outcome unexplored"
+    );
 }
 
 #[test]

@@ -218,9 +218,9 @@ fn supervise(world: &World, fixed: bool) -> bool {
 }
 
 /// Runs the supervisor-racing-a-submit model (`searcher`: a worker counted as searching also
-/// takes the one queued item meanwhile); returns `false` if this execution left visible work
-/// with nobody idle, no stamp and no extra worker.
-fn supervisor_racing_a_submit(fixed: bool, searcher: bool) -> bool {
+/// takes the one queued item meanwhile); returns `None` if this execution left visible work
+/// with nobody idle, no stamp and no extra worker, else whether the supervisor started one.
+fn supervisor_racing_a_submit(fixed: bool, searcher: bool) -> Option<bool> {
     // An earlier starvation stamped; its work is gone (or is being taken by the searcher).
     let (world, _parkers) = World::new(1, searcher as usize);
     world.stamp.store(NOW, Ordering::Release);
@@ -244,27 +244,45 @@ fn supervisor_racing_a_submit(fixed: bool, searcher: bool) -> bool {
     }
     let spawned = supervisor.join().unwrap();
     assert!(world.visible());
-    spawned || world.stamped() || world.sleep.has_idle_worker()
+    (spawned || world.stamped() || world.sleep.has_idle_worker()).then_some(spawned)
 }
 
 #[test]
 fn supervisor_clearing_the_stamp_racing_a_submit_keeps_it() {
     loom::model(|| {
         assert!(
-            supervisor_racing_a_submit(true, false),
+            supervisor_racing_a_submit(true, false).is_some(),
             "visible work, nobody idle, no stamp, no extra worker"
         );
     });
 }
 
+/// Executions of the model below, by who kept the work attended: `[the stamp (the supervisor
+/// started nobody), the supervisor]` (plain std counters across executions).
+static SEARCHER_KEPT: [std::sync::atomic::AtomicUsize; 2] = [
+    std::sync::atomic::AtomicUsize::new(0),
+    std::sync::atomic::AtomicUsize::new(0),
+];
+
 #[test]
 fn supervisor_racing_a_submit_and_the_last_searcher_keeps_the_stamp() {
+    // The supervisor only loads the queue, and it is spawned before the searcher, whose pop
+    // loads the queue before its CAS: loom 0.7 can hide such a pair (see `ticket.rs`). The
+    // counters check that both ways out were reached: the searcher (or the submit) stamped after
+    // the supervisor cleared, or the stamp was cleared after the searcher saw it set and the
+    // supervisor saw the work and started a worker.
     loom::model(|| {
-        assert!(
-            supervisor_racing_a_submit(true, true),
-            "visible work, nobody idle, no stamp, no extra worker"
-        );
+        let spawned = supervisor_racing_a_submit(true, true)
+            .expect("visible work, nobody idle, no stamp, no extra worker");
+        SEARCHER_KEPT[usize::from(spawned)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     });
+    let [stamped, spawned] = SEARCHER_KEPT
+        .each_ref()
+        .map(|c| c.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(
+        stamped > 0 && spawned > 0,
+        "kept by the stamp in {stamped} and by the supervisor in {spawned} executions"
+    );
 }
 
 /// Executions of the model below that lost the stamp (a plain std counter across executions).
@@ -275,7 +293,7 @@ fn supervisor_clearing_after_looking_loses_the_stamp() {
     // The order before the fix: the supervisor saw no work, the submit pushed, found the old
     // stamp still set (so stamped nothing), and then the supervisor cleared it.
     loom::model(|| {
-        if !supervisor_racing_a_submit(false, false) {
+        if supervisor_racing_a_submit(false, false).is_none() {
             SUPERVISOR_LOST.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     });

@@ -151,11 +151,18 @@ fn lookup_racing_unlink_and_reclamation_never_sees_freed_memory() {
     });
 }
 
+/// Executions of `pusher_meeting_a_retired_chain_goes_back_to_the_table` in which the push
+/// bounced off the retired chain and the pusher looked the key up again (a plain std counter
+/// across executions).
+static PUSH_RETRIED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 #[test]
 fn pusher_meeting_a_retired_chain_goes_back_to_the_table() {
     // The submit loop of the std executor: look up (or insert) the key's chain and push; on
     // `Retired`, look up again. Racing a drainer that retires and unlinks, the task must end up in
-    // a live chain, exactly once.
+    // a live chain, exactly once. The pusher (the main thread, so it runs first) may only load
+    // the slot before the retirer's unlink loads it and CASes it, a pair loom 0.7 can hide (see
+    // `ticket.rs`): the counter checks that the bounce and retry were reached.
     loom::model(|| {
         let t: Arc<Table<u32, Chain<BoxNode<u32>>, H>> = Arc::new(Table::with_hasher(H::default()));
         {
@@ -187,12 +194,19 @@ fn pusher_meeting_a_retired_chain_goes_back_to_the_table() {
             }
         };
         retirer.join().unwrap();
+        if attempts > 1 {
+            PUSH_RETRIED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         assert!(!entry.value().is_retired(), "the task sits in a live chain");
         // SAFETY: this thread's push activated the chain (nobody else pushes).
         assert_eq!(unsafe { entry.value().pop_value() }, Some(42));
         assert!(unsafe { entry.value().try_release() });
         assert!(core::ptr::eq(t.get(&1, &g).unwrap(), entry));
     });
+    assert!(
+        PUSH_RETRIED.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the model never bounced a push off the retired chain"
+    );
 }
 
 /// Identity hash (of `u32` keys): places keys on chosen paths. Under loom the root has 4 slots
