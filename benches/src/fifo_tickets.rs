@@ -317,6 +317,9 @@ impl KeyedExecutor for FifoTickets {
             task,
         });
         s.global.push(Transit(node));
+        // The push's own stores are not SeqCst: the fence orders it before the load, against a
+        // worker's SeqCst announcement followed by its last look (a Dekker pair).
+        std::sync::atomic::fence(Ordering::SeqCst);
         if s.sleeping.load(Ordering::SeqCst) > 0 {
             let n = s.unparkers.len();
             let i = s.next_wake.fetch_add(1, Ordering::Relaxed) % n;
