@@ -459,8 +459,8 @@ impl<N: Ticketed> TicketChain<N> {
 
     /// After [`pop`](Self::pop) returned the due node and before [`advance`](Self::advance): the
     /// node whose ticket comes next, if it has arrived (it stays queued; it is what the next
-    /// `pop` returns). Lets the owner look one task ahead, as `submit_latest`'s coalescing does.
-    /// Moves every node already pushed into the early list.
+    /// `pop` returns). Lets the owner look one task ahead, as a coalescing rule (a latest task
+    /// superseded by the next one) needs. Moves every node already pushed into the early list.
     ///
     /// # Safety
     /// The caller owns the chain and holds the due node it popped last (not yet advanced past).
@@ -798,7 +798,14 @@ mod tests {
     fn peek_next_sees_exactly_the_following_ticket_whatever_the_arrival_order() {
         // Tickets 0..4 arrive in every order of the last three (0 first, so we own the chain);
         // after each pop, `peek_next` must name ticket due + 1 iff it has been pushed.
-        let orders = [[1, 2, 3], [1, 3, 2], [2, 1, 3], [2, 3, 1], [3, 1, 2], [3, 2, 1]];
+        let orders = [
+            [1, 2, 3],
+            [1, 3, 2],
+            [2, 1, 3],
+            [2, 3, 1],
+            [3, 1, 2],
+            [3, 2, 1],
+        ];
         for order in orders {
             let c = C::new();
             let mut pushed = [false; 4];
