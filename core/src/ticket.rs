@@ -457,49 +457,6 @@ impl<N: Ticketed> TicketChain<N> {
         }
     }
 
-    /// After [`pop`](Self::pop) returned the due node and before [`advance`](Self::advance): the
-    /// node whose ticket comes next, if it has arrived (it stays queued; it is what the next
-    /// `pop` returns). Lets the owner look one task ahead, as a coalescing rule (a latest task
-    /// superseded by the next one) needs. Moves every node already pushed into the early list.
-    ///
-    /// # Safety
-    /// The caller owns the chain and holds the due node it popped last (not yet advanced past).
-    ///
-    /// ```
-    /// # use keyserial_core::{chain::BoxNode, ticket::TicketChain};
-    /// let c: TicketChain<BoxNode<usize>> = TicketChain::new();
-    /// // SAFETY: fresh nodes with tickets 1 and 0, each pushed once; the first push made us the
-    /// // owner, and every popped node is freed with `into_value`.
-    /// unsafe {
-    ///     let _ = c.push(BoxNode::new(1)).unwrap();
-    ///     let _ = c.push(BoxNode::new(0)).unwrap();
-    ///     let due = c.pop().unwrap();
-    ///     let next = c.peek_next().unwrap();
-    ///     assert_eq!(BoxNode::into_value(due), 0);
-    ///     c.advance();
-    ///     assert_eq!(c.pop(), Some(next));
-    ///     assert!(c.peek_next().is_none());
-    ///     BoxNode::into_value(next);
-    ///     c.advance();
-    ///     assert!(c.try_release());
-    /// }
-    /// ```
-    pub unsafe fn peek_next(&self) -> Option<NonNull<N>> {
-        let due = self.serving.load(Ordering::Relaxed);
-        let next = due.wrapping_add(1) & (usize::MAX >> 1);
-        // SAFETY: the caller owns the chain, hence the early list and every node it pops.
-        unsafe {
-            while let Some(node) = self.chain.pop() {
-                let ticket = N::ticket(node);
-                debug_assert_ne!(ticket, due, "the due node was popped already");
-                self.park(node, ticket, due);
-            }
-            let head = self.early_head()?;
-            let node = N::from_link(head);
-            (N::ticket(node) == next).then_some(node)
-        }
-    }
-
     /// The due node ran (or was disposed of): the next ticket is due. Wait-free.
     ///
     /// # Safety
@@ -792,57 +749,6 @@ mod tests {
             assert_eq!(c.push(BoxNode::new(3)), Ok(Pushed::Queued));
         }
         drop(c);
-    }
-
-    #[test]
-    fn peek_next_sees_exactly_the_following_ticket_whatever_the_arrival_order() {
-        // Tickets 0..4 arrive in every order of the last three (0 first, so we own the chain);
-        // after each pop, `peek_next` must name ticket due + 1 iff it has been pushed.
-        let orders = [
-            [1, 2, 3],
-            [1, 3, 2],
-            [2, 1, 3],
-            [2, 3, 1],
-            [3, 1, 2],
-            [3, 2, 1],
-        ];
-        for order in orders {
-            let c = C::new();
-            let mut pushed = [false; 4];
-            // SAFETY: each ticket's fresh node is pushed once; we own the chain from the first
-            // push on; popped nodes are freed with `into_value`.
-            unsafe {
-                assert_eq!(c.push(BoxNode::new(0)), Ok(Pushed::Activated));
-                pushed[0] = true;
-                let mut ran = Vec::new();
-                let mut arrivals = order.iter();
-                loop {
-                    let Some(due) = c.pop() else {
-                        match arrivals.next() {
-                            Some(&t) => {
-                                assert_eq!(c.push(BoxNode::new(t)), Ok(Pushed::Queued));
-                                pushed[t] = true;
-                                continue;
-                            }
-                            None => break,
-                        }
-                    };
-                    let t = BoxNode::into_value(due);
-                    let next = c.peek_next().map(|n| n.as_ref().value);
-                    let expect = (t + 1 < 4 && pushed[t + 1]).then_some(t + 1);
-                    assert_eq!(next, expect, "order {order:?}, after ticket {t}");
-                    ran.push(t);
-                    c.advance();
-                    // One more arrival between tasks.
-                    if let Some(&a) = arrivals.next() {
-                        assert_eq!(c.push(BoxNode::new(a)), Ok(Pushed::Queued));
-                        pushed[a] = true;
-                    }
-                }
-                assert_eq!(ran, [0, 1, 2, 3]);
-                assert!(c.try_release());
-            }
-        }
     }
 
     #[test]
