@@ -7,45 +7,75 @@
 //! node is `unsafe` because the chain takes ownership of it; [`Chain::push_value`] is the safe
 //! push for heap nodes.
 //!
-//! # The state word
+//! # Shape
 //!
-//! Each [`Chain`] has one `AtomicUsize`, the *state word*. It is only ever changed by
-//! read-modify-write operations (CAS or swap), never by a plain store, so every transition below is
-//! atomic with respect to every other and loom can check the protocol without any `SeqCst`
-//! store-then-load ("Dekker") reasoning.
+//! The nodes form one forward-linked list, oldest first, in the order their pushes succeeded:
+//! each push appends at the *tail* and then links the previous tail's [`Link`] to itself (the
+//! queue of Dmitry Vyukov's intrusive MPSC design). The owner reads the list front to back, one
+//! node at a time, and knows the next node while it runs the current one, so it can fetch it
+//! ahead. (An earlier version pushed onto a LIFO stack that the owner reversed before it could
+//! pop anything: a walk of dependent cache misses over the whole backlog before the first task
+//! ran. BENCHMARKS.md, run J, measures the difference.)
+//!
+//! Three places hold the list:
+//!
+//! ```text
+//!  state  (atomic)   TAIL | RETIRED | ACTIVE   the newest node, and the handoff bits (below)
+//!  first  (atomic)   the node pushed when TAIL was null: the list's start after an empty spell
+//!  head   (owner's)  the oldest node not yet popped (0: the list continues at `first`);
+//!                    bit 0 THEN_FIRST: this node was un-popped after it emptied the list, so the
+//!                    list continues at `first` after it
+//! ```
+//!
+//! # The state word
 //!
 //! ```text
 //!  bit 0      ACTIVE   exactly one owner holds the chain: it is on a ready queue, being drained,
 //!                      or parked by its owner (waiting for permits)
 //!  bit 1      RETIRED  terminal: the chain has left (or is leaving) the key table
-//!  bits 2..   INBOX    pointer to the newest pushed node (a LIFO stack linked through `Link::next`),
-//!                      or null. Nodes are at least 4-byte aligned, so the low two bits are free.
+//!  bits 2..   TAIL     the newest pushed node that may still get a successor, or null. Nodes are at
+//!                      least 4-byte aligned, so the low two bits are free.
 //! ```
 //!
-//! Legal values: `0` (idle: not owned, nothing queued), `ACTIVE` (owned, inbox empty),
-//! `ptr | ACTIVE` (owned, inbox non-empty), `RETIRED` (dead). A non-null inbox without `ACTIVE`, or
-//! `RETIRED` with anything else, never occurs: every push sets `ACTIVE`, and retire only starts
-//! from `0`.
+//! Legal values: `0` (idle: not owned, nothing queued), `ACTIVE` (owned, no node can get a
+//! successor), `ptr | ACTIVE` (owned, `ptr` is the newest node), `RETIRED` (dead). A non-null tail
+//! without `ACTIVE`, or `RETIRED` with anything else, never occurs: every push sets `ACTIVE`, and
+//! retire only starts from `0`. The word is only changed by read-modify-write operations (CAS or
+//! swap), so every transition below is atomic with respect to every other, and no step relies on
+//! a store followed by a load of another location (the "Dekker" pattern loom cannot prove).
 //!
 //! # Transitions and who may make them
 //!
-//! | operation | who | transition | on failure |
+//! | operation | who | transition | then |
 //! |---|---|---|---|
-//! | [`push`](Chain::push) | anyone | `s -> node | ACTIVE` (CAS), `node.next = inbox(s)` | retry; on `RETIRED` hand the node back |
-//! | take (inside [`pop`](Chain::pop)) | the owner | `ptr | ACTIVE -> ACTIVE` (swap) | — |
-//! | [`try_release`](Chain::try_release) | the owner | `ACTIVE -> 0` (CAS) | inbox non-empty: still owner |
-//! | [`try_retire`](Chain::try_retire) | anyone | `0 -> RETIRED` (CAS) | chain not idle: nothing happens |
+//! | [`push`](Chain::push) | anyone | `t | a -> node | ACTIVE` (CAS; fails on `RETIRED`: the node is handed back) | link: `t.next = node`, or `first = node` if `t` was null |
+//! | pop of the last node | the owner | `node | ACTIVE -> ACTIVE` (CAS, the *swing*) | if it fails, a push replaced `node` and is about to link behind it: wait for the link |
+//! | [`try_release`](Chain::try_release) | the owner | `ACTIVE -> 0` (CAS) | fails if a node is queued: still the owner |
+//! | [`try_retire`](Chain::try_retire) | anyone | `0 -> RETIRED` (CAS) | fails unless idle |
 //!
 //! *Ownership* of `ACTIVE` is a baton. It is created by the one push that moves the word from `0`
 //! to `ACTIVE` ([`Pushed::Activated`]): that pusher, and only it, must hand the chain to a worker
 //! (put it on a ready queue). Whoever holds the baton may pass it on (queue → worker → queue …)
-//! and is the only party that may touch the chain's private FIFO (the `local` cell) or call the
-//! `unsafe` owner methods. The baton disappears only by a successful [`try_release`](Chain::try_release).
+//! and is the only party that may touch `head`, take `first`, or call the `unsafe` owner methods.
+//! The baton disappears only by a successful [`try_release`](Chain::try_release).
 //!
-//! # Why nothing is lost, run twice, or reordered
+//! # The pop
+//!
+//! The owner pops node `n` (taken from `head`, or from `first` when `head` is 0) only once it
+//! knows what follows it: either `n.next` is set, or the swing CAS took `n` out of the tail, so
+//! that no push will ever write `n.next`. Only then is `n` handed to the caller, who may free it.
+//! Between a push's CAS and its link store, `n.next` (or `first`) is not written yet although a
+//! node follows. The owner does not wait for that store: [`pop`](Chain::pop) and
+//! [`peek`](Chain::peek) return `None` and leave `n` at the front, and
+//! [`try_release`](Chain::try_release) fails because the tail is not null. An executor then
+//! puts the chain back on its ready queue and comes back to it; the pusher may be preempted
+//! there, or be the very code an interrupt handler that owns the chain interrupted, so waiting
+//! could last a time slice or forever.
+//!
+//! # Why nothing is lost, run twice, reordered, or touched after it is freed
 //!
 //! - **No lost wakeup.** A push either lands before the owner's release CAS (then the CAS sees a
-//!   non-null inbox and fails, so the owner keeps the baton and takes the node) or after it (then the
+//!   non-null tail and fails, so the owner keeps the baton and takes the node) or after it (then the
 //!   push CAS reads `0`, returns [`Pushed::Activated`] and the pusher schedules the chain). Both are
 //!   RMWs on one word, so one of the two orders holds; there is no window in between.
 //! - **No double drain.** `ACTIVE` is set by exactly one push from `0` and cleared by exactly one
@@ -54,17 +84,28 @@
 //!   makes the word `RETIRED` forever; a push CAS whose expected value was read before the retire
 //!   fails, re-reads `RETIRED`, and hands its node back ([`Retired`]) so the caller can go back to the
 //!   key table for a fresh chain. No task is ever left in a retired chain.
-//! - **FIFO per key.** The inbox is a LIFO of pushes in the order their CASes succeeded; the owner
-//!   takes the whole inbox in one swap and reverses it, so the private FIFO holds pushes in CAS order,
-//!   and later takes only append younger pushes behind it.
+//! - **FIFO per key.** The tail CASes order the pushes; each push links exactly its predecessor in
+//!   that order (the node its CAS replaced) to itself, or, when it replaced a null tail, becomes
+//!   `first`, which the owner reads only after it has popped everything before. So the list is the
+//!   pushes in CAS order, and the owner reads it front to back.
+//! - **No write to a freed node.** A push writes `t.next` only for the `t` its CAS replaced; the
+//!   owner does not hand `t` out before that write is visible (it waits for it, see above), and
+//!   after a successful swing no CAS can replace `t` any more. A push writes `first` only after
+//!   replacing a null tail, which leaves a non-null tail, so the chain can be neither released nor
+//!   retired (nor, therefore, freed) before the owner has read `first`.
+//! - **`first` is never overwritten unread.** It is written only by a push that replaced a null
+//!   tail; the tail becomes null again only by the owner's swing, and the owner clears `first`
+//!   (having read it) before the pops that lead to that swing.
 //!
 //! # Memory ordering
 //!
 //! | step | ordering | why |
 //! |---|---|---|
-//! | push CAS, success | `AcqRel` | *Release* publishes the node and its `next` to the owner's take. *Acquire* because the push that moves the word from `0` becomes the owner: it must see everything the previous owner did before its release CAS (the private FIFO cell, and whatever per-key state the caller keeps under the baton). A CAS cannot choose its ordering after learning which value it replaced, so every push pays the acquire (free on x86; on weakly ordered targets one acquiring load-exclusive). A `Release` CAS plus an `Acquire` fence taken only on [`Pushed::Activated`] would be equivalent; it is not worth a second pattern to check. |
-//! | push CAS, failure | `Relaxed` | a retry publishes nothing yet. A push that meets `RETIRED` acquires nothing either: its node never left this thread, and the caller goes back to the key table, whose own loads acquire the fresh chain. |
-//! | take (swap) | `Acquire` | synchronises with every push in the inbox: the pushes are RMWs on one word, so they form one release sequence that the swap reads the end of. |
+//! | push CAS, success | `AcqRel` | *Acquire*: the push that moves the word from `0` becomes the owner and must see everything the previous owner did before its release CAS (`head`, and whatever per-key state the caller keeps under the baton); a push that replaced a null tail writes `first`, which must come after the owner's clearing of it (sequenced before the swing that the CAS reads); and a push that replaced tail `t` writes `t.next`, which must come after `t`'s own pusher cleared it. *Release*: that clearing of `t.next`, sequenced before `t`'s CAS, must happen-before the next pusher's link store into it; otherwise the null could land after the link in `t.next`'s modification order and the node would be lost. (Loom never delays a store, so it cannot catch a weakening here; the argument is this row.) A CAS cannot choose its ordering after learning which value it replaced, so every push pays both (free on x86; on weakly ordered targets an acquiring load-exclusive and a releasing store-exclusive). |
+//! | push CAS, failure | `Relaxed` | a retry publishes nothing yet. A push that meets `RETIRED` acquires nothing either: its node never left this thread. |
+//! | link store (`t.next` or `first`) | `Release` | publishes the node (its contents and its cleared `next`) to the owner. |
+//! | owner's load of `n.next` / `first` | `Acquire` | pairs with the link store. |
+//! | swing CAS, success | `Release` | the next push to replace the null tail acquires it (see the push row); failure `Relaxed`, the owner then acquires the link. |
 //! | [`try_release`](Chain::try_release) CAS | `Release` | the next owner (an activating push, or a retirer) acquires it. |
 //! | [`try_retire`](Chain::try_retire) CAS | `AcqRel` | acquires the last owner's release, so whoever unlinks and frees the chain after retiring it happens-after the last owner. |
 //!
@@ -72,28 +113,36 @@
 //!
 //! # Progress
 //!
-//! Push is lock-free (a CAS fails only because another push, take, release or retire succeeded);
-//! take, release, pop and retire are wait-free. Push is the classic Treiber push, which is immune to
-//! ABA: the owner never pops single nodes off the shared stack, it swaps out the whole stack.
+//! Push is lock-free (its CAS fails only because another push, swing, release or retire
+//! succeeded) and its link store follows unconditionally. Every owner operation (pop, peek, the
+//! coalescing pop, unpop, release) and retire is wait-free: none waits for a pusher (see "The
+//! pop"); a key whose next push is half done is put back on the ready queue, and only that key
+//! waits.
+//! No step depends on a node's address being unique over time (no ABA): a CAS on the tail compares
+//! against the current tail, which is a live, unpopped node whatever its history.
 //!
 //! # Nodes
 //!
 //! Nodes are intrusive: a type implements [`Linked`] by embedding a [`Link`]. With the `alloc`
 //! feature [`BoxNode`] wraps any value in a heap node; without an allocator, [`crate::pool::Pool`]
 //! hands out nodes from fixed-capacity storage, and callers may also use their own `static` nodes.
+//!
+//! Loom models (the real code): `loom/tests/chain.rs`.
 
 use core::fmt;
 use core::marker::PhantomData;
 use core::ptr::{self, NonNull};
 
-use crate::sync::{AtomicUsize, Ordering, UnsafeCell};
+use crate::sync::{AtomicPtr, AtomicUsize, Ordering, UnsafeCell};
 
 /// Bit 0 of the state word: the chain has an owner.
 const ACTIVE: usize = 0b01;
 /// Bit 1 of the state word: the chain is dead; pushes fail.
 const RETIRED: usize = 0b10;
-/// The inbox pointer bits of the state word.
+/// The tail pointer bits of the state word.
 const PTR_MASK: usize = !(ACTIVE | RETIRED);
+/// Bit 0 of the owner's `head` word: the list continues at `first` after this node.
+const THEN_FIRST: usize = 0b01;
 
 /// The link embedded in every node of a [`Chain`].
 ///
@@ -106,9 +155,10 @@ const PTR_MASK: usize = !(ACTIVE | RETIRED);
 /// # let _ = link;
 /// ```
 pub struct Link {
-    /// The next node: towards older pushes while in the inbox, towards younger ones in the private
-    /// FIFO. Written by the pusher before its CAS publishes the node, afterwards only by the owner.
-    next: UnsafeCell<*mut Link>,
+    /// The next younger node, or null. Cleared by the pusher before its CAS publishes the node;
+    /// written once more by the push that comes next (see the module docs); owners of a node that
+    /// is on no chain may use it freely.
+    next: AtomicPtr<Link>,
 }
 
 impl Link {
@@ -120,7 +170,7 @@ impl Link {
     #[cfg(not(loom))]
     pub const fn new() -> Self {
         Link {
-            next: UnsafeCell::new(ptr::null_mut()),
+            next: AtomicPtr::new(ptr::null_mut()),
         }
     }
 
@@ -128,24 +178,28 @@ impl Link {
     #[cfg(loom)]
     pub fn new() -> Self {
         Link {
-            next: UnsafeCell::new(ptr::null_mut()),
+            next: AtomicPtr::new(ptr::null_mut()),
         }
     }
 
+    /// Sets `next` outside any chain protocol (a private list of nodes the caller owns).
+    ///
     /// # Safety
-    /// The caller owns `link` (it is not reachable by any other thread right now).
+    /// `link` points to a live `Link` that the caller owns (it is not queued on any chain).
     #[inline]
     pub(crate) unsafe fn set_next(link: NonNull<Link>, next: *mut Link) {
-        // SAFETY: the caller owns the node, so no other access to `next` can race with this write.
-        unsafe { (*link.as_ptr()).next.with_mut(|p| *p = next) }
+        // SAFETY: the caller guarantees `link` is live; nobody else uses it.
+        unsafe { link.as_ref() }.next.store(next, Ordering::Relaxed)
     }
 
+    /// Reads `next` outside any chain protocol (a private list of nodes the caller owns).
+    ///
     /// # Safety
-    /// The caller owns `link`, or it is published to the caller by an acquire of the state word.
+    /// `link` points to a live `Link` that the caller owns (it is not queued on any chain).
     #[inline]
     pub(crate) unsafe fn next(link: NonNull<Link>) -> *mut Link {
-        // SAFETY: the node is owned by the caller; its last write happened-before this read.
-        unsafe { (*link.as_ptr()).next.with(|p| *p) }
+        // SAFETY: the caller guarantees `link` is live; its last write happened-before this read.
+        unsafe { link.as_ref() }.next.load(Ordering::Relaxed)
     }
 }
 
@@ -160,11 +214,6 @@ impl fmt::Debug for Link {
         f.write_str("Link")
     }
 }
-
-// SAFETY: a Link is only a pointer slot whose accesses are ordered by the chain protocol above.
-unsafe impl Send for Link {}
-// SAFETY: as above; shared access to `next` happens only under the protocol's ownership rules.
-unsafe impl Sync for Link {}
 
 /// A node type that can be queued on a [`Chain`].
 ///
@@ -313,16 +362,19 @@ pub struct Popped<N> {
 /// assert!(chain.try_retire());
 /// ```
 pub struct Chain<N: Linked> {
-    /// The state word: `INBOX | RETIRED | ACTIVE`.
+    /// The state word: `TAIL | RETIRED | ACTIVE`.
     state: AtomicUsize,
-    /// The owner's private FIFO (oldest first), touched only by the holder of `ACTIVE`.
-    local: UnsafeCell<*mut Link>,
+    /// The node pushed onto a null tail, until the owner takes it.
+    first: AtomicPtr<Link>,
+    /// The owner's cursor: the oldest node not yet popped (`| THEN_FIRST`), or 0 for "continue
+    /// at `first`". Touched only by the holder of `ACTIVE`.
+    head: UnsafeCell<usize>,
     _nodes: PhantomData<NonNull<N>>,
 }
 
 // SAFETY: the chain hands nodes between threads; that is sound when the nodes themselves are Send.
 unsafe impl<N: Linked + Send> Send for Chain<N> {}
-// SAFETY: shared access goes through the state word's atomics; `local` is touched only by the
+// SAFETY: shared access goes through the atomics; `head` is touched only by the
 // unique owner of `ACTIVE` (the owner methods are `unsafe` with that precondition).
 unsafe impl<N: Linked + Send> Sync for Chain<N> {}
 
@@ -338,7 +390,7 @@ impl<N: Linked> fmt::Debug for Chain<N> {
         f.debug_struct("Chain")
             .field("active", &(s & ACTIVE != 0))
             .field("retired", &(s & RETIRED != 0))
-            .field("inbox_empty", &(s & PTR_MASK == 0))
+            .field("tail_empty", &(s & PTR_MASK == 0))
             .finish()
     }
 }
@@ -355,7 +407,8 @@ impl<N: Linked> Chain<N> {
     pub const fn new() -> Self {
         Chain {
             state: AtomicUsize::new(0),
-            local: UnsafeCell::new(ptr::null_mut()),
+            first: AtomicPtr::new(ptr::null_mut()),
+            head: UnsafeCell::new(0),
             _nodes: PhantomData,
         }
     }
@@ -365,7 +418,8 @@ impl<N: Linked> Chain<N> {
     pub fn new() -> Self {
         Chain {
             state: AtomicUsize::new(0),
-            local: UnsafeCell::new(ptr::null_mut()),
+            first: AtomicPtr::new(ptr::null_mut()),
+            head: UnsafeCell::new(0),
             _nodes: PhantomData,
         }
     }
@@ -448,34 +502,49 @@ impl<N: Linked> Chain<N> {
             0,
             "Link must be 4-aligned"
         );
+        // SAFETY: the caller handed the node over (our contract) and it is not published yet, so
+        // this thread owns it exclusively. Relaxed: our CAS (release) orders it before the next
+        // pusher's link store into this node, and our link store (release) publishes it.
+        unsafe { Link::set_next(link, ptr::null_mut()) };
+        let new = link.as_ptr() as usize | ACTIVE;
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
             if cur & RETIRED != 0 {
                 return Err(Retired(node));
             }
-            // SAFETY: the caller handed the node over (our contract) and it is not published
-            // yet (our CAS below has not succeeded), so this thread owns it exclusively.
-            unsafe { Link::set_next(link, (cur & PTR_MASK) as *mut Link) };
-            let new = link.as_ptr() as usize | ACTIVE;
-            // AcqRel on success: Release publishes the node (and `next`) to the owner's take;
-            // Acquire because a push that activates becomes the owner and must see the previous
-            // owner's writes (its release CAS). Relaxed on failure: a retry re-publishes, and a
-            // bounce on RETIRED hands back a node that never left this thread. See "Memory
-            // ordering" in the module docs.
+            // AcqRel on success, Relaxed on failure: see "Memory ordering" in the module docs.
             match self
                 .state
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
             {
-                Ok(prev) if prev & ACTIVE == 0 => return Ok(Pushed::Activated),
-                Ok(_) => return Ok(Pushed::Queued),
+                Ok(prev) => {
+                    match NonNull::new((prev & PTR_MASK) as *mut Link) {
+                        // SAFETY: `tail` was the tail until our CAS replaced it, so the owner has
+                        // not swung it out and cannot hand it out (and let it be freed) before
+                        // this store is visible: it waits for exactly this link ("The pop").
+                        Some(tail) => unsafe { tail.as_ref() }
+                            .next
+                            .store(link.as_ptr(), Ordering::Release),
+                        // We replaced a null tail: the chain stays owned and non-empty until the
+                        // owner has read `first`, so `self` is alive here.
+                        None => self.first.store(link.as_ptr(), Ordering::Release),
+                    }
+                    return Ok(if prev & ACTIVE == 0 {
+                        Pushed::Activated
+                    } else {
+                        Pushed::Queued
+                    });
+                }
                 Err(actual) => cur = actual,
             }
         }
     }
 
-    /// Takes the oldest node, refilling the private FIFO from the inbox when it is empty.
-    /// Returns `None` when nothing is queued; the caller still owns the chain and should
-    /// [`try_release`](Self::try_release) it. Wait-free.
+    /// Takes the oldest node. Returns `None` when nothing can be taken now: nothing is queued, or
+    /// the push of the next node is between its two steps (see "The pop" in the module docs). The
+    /// caller still owns the chain and should [`try_release`](Self::try_release) it, which fails
+    /// in the second case; an executor then puts the chain back on its ready queue rather than
+    /// wait for the pusher. Wait-free.
     ///
     /// # Safety
     /// The caller owns the chain (holds `ACTIVE`).
@@ -494,21 +563,39 @@ impl<N: Linked> Chain<N> {
     /// }
     /// ```
     pub unsafe fn pop(&self) -> Option<NonNull<N>> {
-        // SAFETY: the caller owns the chain.
-        let head = unsafe { self.peek_link() }?;
-        // SAFETY: the caller owns the chain and so the private FIFO and every node in it.
-        unsafe {
-            let next = Link::next(head);
-            self.local.with_mut(|l| *l = next);
-            // The next pop reads `next`'s link, which a long backlog has often evicted since the
-            // take walked it: start fetching it now, while the caller runs this node's task.
-            prefetch(next);
-            Some(N::from_link(head))
-        }
+        // SAFETY: the caller owns the chain, hence `head`.
+        let head = unsafe { self.head() };
+        let node = match NonNull::new((head & !THEN_FIRST) as *mut Link) {
+            Some(node) if head & THEN_FIRST != 0 => {
+                // An un-popped node whose successor is whatever `first` gets.
+                // SAFETY: as above.
+                unsafe { self.set_head(0) };
+                // SAFETY: every node on the chain came from `N::link` when it was pushed.
+                return Some(unsafe { N::from_link(node) });
+            }
+            Some(node) => node,
+            // SAFETY: the caller owns the chain.
+            None => unsafe { self.take_first() }?,
+        };
+        // SAFETY: `node` is queued and ours to pop: it stays valid until we hand it out.
+        let Some(next) = (unsafe { self.successor(node) }) else {
+            // Its successor's push is between its two steps: keep `node` queued, at the front.
+            // SAFETY: the caller owns the chain, hence `head`.
+            unsafe { self.set_head(node.as_ptr() as usize) };
+            return None;
+        };
+        // SAFETY: the caller owns the chain, hence `head`.
+        unsafe { self.set_head(next as usize) };
+        // The next pop reads `next`'s line (its link and its contents): start fetching it now,
+        // while the caller runs this node.
+        prefetch(next);
+        // SAFETY: every node on the chain came from `N::link` when it was pushed.
+        Some(unsafe { N::from_link(node) })
     }
 
-    /// The oldest queued node without taking it (refilling the private FIFO from the inbox if
-    /// needed). Wait-free.
+    /// The oldest queued node without taking it; `None` when [`pop`](Self::pop) would return
+    /// `None` because nothing is queued or the first node's push is between its two steps.
+    /// Wait-free.
     ///
     /// # Safety
     /// The caller owns the chain. The returned pointer stays valid while the node is queued.
@@ -526,44 +613,75 @@ impl<N: Linked> Chain<N> {
     /// }
     /// ```
     pub unsafe fn peek(&self) -> Option<NonNull<N>> {
-        // SAFETY: forwarded precondition.
-        unsafe { self.peek_link() }.map(|l| {
-            // SAFETY: `l` came from `N::link` when it was pushed.
-            unsafe { N::from_link(l) }
-        })
+        // SAFETY: the caller owns the chain, hence `head`.
+        let head = unsafe { self.head() };
+        let node = match NonNull::new((head & !THEN_FIRST) as *mut Link) {
+            Some(node) => node,
+            None => {
+                // SAFETY: the caller owns the chain.
+                let first = unsafe { self.take_first() }?;
+                // SAFETY: as above; `first`'s successor is found through its own link.
+                unsafe { self.set_head(first.as_ptr() as usize) };
+                first
+            }
+        };
+        // SAFETY: every node on the chain came from `N::link` when it was pushed.
+        Some(unsafe { N::from_link(node) })
     }
 
     /// # Safety
     /// The caller owns the chain.
-    unsafe fn peek_link(&self) -> Option<NonNull<Link>> {
-        let local = self.local.with(|l| {
-            // SAFETY: only the owner touches `local`, and the caller is the owner.
-            unsafe { *l }
-        });
-        if let Some(head) = NonNull::new(local) {
-            return Some(head);
+    #[inline(always)]
+    unsafe fn head(&self) -> usize {
+        // SAFETY: only the owner touches `head`, and the caller is the owner.
+        self.head.with(|h| unsafe { *h })
+    }
+
+    /// # Safety
+    /// The caller owns the chain.
+    #[inline(always)]
+    unsafe fn set_head(&self, head: usize) {
+        // SAFETY: only the owner touches `head`, and the caller is the owner.
+        self.head.with_mut(|h| unsafe { *h = head })
+    }
+
+    /// Takes the node a push put into `first` (the list's start after the tail was null), or
+    /// `None` if there is none yet: nothing is queued, or a push replaced the null tail and has not
+    /// stored `first` yet.
+    ///
+    /// # Safety
+    /// The caller owns the chain and `head` is 0 (everything before `first` was popped).
+    unsafe fn take_first(&self) -> Option<NonNull<Link>> {
+        let first = NonNull::new(self.first.load(Ordering::Acquire))?;
+        // Cleared before the pops that lead to the next swing (module docs: `first` is never
+        // overwritten unread).
+        self.first.store(ptr::null_mut(), Ordering::Relaxed);
+        Some(first)
+    }
+
+    /// What follows `node` (the oldest queued node, being popped): `Some(next)`, or `Some(null)`
+    /// if `node` was the tail, which this call then swings out so that no push can link behind
+    /// it; `None` if a push replaced `node` as the tail but has not linked it yet.
+    ///
+    /// # Safety
+    /// The caller owns the chain and `node` is its oldest queued node.
+    unsafe fn successor(&self, node: NonNull<Link>) -> Option<*mut Link> {
+        // SAFETY: `node` is queued, so it is live; only the push that replaced it as the tail
+        // writes its `next`, and that store is atomic.
+        let link = unsafe { node.as_ref() };
+        let next = link.next.load(Ordering::Acquire);
+        if !next.is_null() {
+            return Some(next);
         }
-        // Take the whole inbox, leaving ACTIVE (we still own the chain).
-        let prev = self.state.swap(ACTIVE, Ordering::Acquire);
-        debug_assert!(
-            prev & ACTIVE != 0 && prev & RETIRED == 0,
-            "pop without owning the chain"
-        );
-        let mut inbox = (prev & PTR_MASK) as *mut Link;
-        // Reverse newest-first into oldest-first.
-        let mut fifo: *mut Link = ptr::null_mut();
-        while let Some(node) = NonNull::new(inbox) {
-            // SAFETY: the swap (acquire) made every node of the inbox ours; their `next` fields
-            // were written before the pushes (release) that published them.
-            unsafe {
-                inbox = Link::next(node);
-                Link::set_next(node, fifo);
-            }
-            fifo = node.as_ptr();
+        let tail = node.as_ptr() as usize | ACTIVE;
+        match self
+            .state
+            .compare_exchange(tail, ACTIVE, Ordering::Release, Ordering::Relaxed)
+        {
+            Ok(_) => Some(ptr::null_mut()),
+            // A push replaced `node` as the tail in between: its link may have landed since.
+            Err(_) => NonNull::new(link.next.load(Ordering::Acquire)).map(NonNull::as_ptr),
         }
-        // SAFETY: only the owner touches `local`.
-        self.local.with_mut(|l| unsafe { *l = fifo });
-        NonNull::new(fifo)
     }
 
     /// Puts a node the owner popped but did not run back at the front, so it is the next one
@@ -589,19 +707,31 @@ impl<N: Linked> Chain<N> {
     /// ```
     pub unsafe fn unpop(&self, node: NonNull<N>) {
         let link = N::link(node);
-        // SAFETY: the caller owns the chain, its private FIFO and the node.
+        // SAFETY: the caller owns the chain, and no push writes `node.next` any more (its pop
+        // found its successor or swung it out of the tail). `head` holds what follows `node` now:
+        // its successor, the node a later `peek` took from `first`, or 0 if the list goes on at
+        // `first` after it.
         unsafe {
-            let head = self.local.with(|l| *l);
-            Link::set_next(link, head);
-            self.local.with_mut(|l| *l = link.as_ptr());
+            let head = self.head();
+            debug_assert_eq!(
+                head & THEN_FIRST,
+                0,
+                "unpop of a node that was not popped last"
+            );
+            if head == 0 {
+                self.set_head(link.as_ptr() as usize | THEN_FIRST);
+            } else {
+                Link::set_next(link, head as *mut Link);
+                self.set_head(link.as_ptr() as usize);
+            }
         }
     }
 
     /// Pops the oldest node and tells whether it is superseded under keep-latest coalescing: a
     /// node for which `is_coalescing` is true is superseded when the next node queued after it is
-    /// coalescing too. The check refills from the inbox, so "next" means the next push that had
-    /// succeeded by now; a push that comes later finds this node already started. Wait-free
-    /// apart from `is_coalescing`.
+    /// coalescing too. "Next" means the next push whose link was visible at the check; a push
+    /// that comes later (or is still between its two steps) finds this node already started.
+    /// Returns `None` where [`pop`](Self::pop) does. Wait-free apart from `is_coalescing`.
     ///
     /// # Safety
     /// The caller owns the chain.
@@ -659,9 +789,8 @@ impl<N: Linked> Chain<N> {
     /// ```
     #[must_use = "if the release failed the caller still owns the chain"]
     pub unsafe fn try_release(&self) -> bool {
-        // SAFETY: only the owner touches `local`.
-        let local_empty = self.local.with(|l| unsafe { *l }).is_null();
-        if !local_empty {
+        // SAFETY: the caller owns the chain, hence `head`. (A non-zero `head` is a queued node.)
+        if unsafe { self.head() } != 0 {
             return false;
         }
         self.state
@@ -698,9 +827,10 @@ impl<N: Linked> Chain<N> {
         self.state.load(Ordering::Acquire) == 0
     }
 
-    /// `true` if `node` is the most recent push and still waiting in the inbox, so that nothing
-    /// was pushed after it and the owner has not taken it yet (a snapshot; only addresses are
-    /// compared, `node` is not read). A coalescing submitter uses this to tell that a queued node
+    /// `true` if `node` is the chain's tail: the most recent push, so that nothing was pushed
+    /// after it, and not popped yet (the owner pops the tail only after swinging it out). A node
+    /// the owner has only peeked at still counts. A snapshot; only addresses are compared, `node`
+    /// is not read. A coalescing submitter uses this to tell that a queued node
     /// is the key's immediately preceding submission and has not started.
     ///
     /// ```
@@ -751,17 +881,20 @@ impl<N: Linked> Drop for Chain<N> {
         // `&mut self`: no other thread can touch the chain; every queued node is ours. (An atomic
         // load rather than `get_mut`, so that loom models, which cannot see the epoch
         // reclamation's own synchronisation, do not flag the destructor.)
-        let state = self.state.load(Ordering::Relaxed);
-        let mut inbox = (state & PTR_MASK) as *mut Link;
-        // SAFETY: `&mut self` gives exclusive access to the private FIFO cell.
-        let mut local = self.local.with_mut(|l| unsafe { *l });
-        // Drop the private FIFO first (older), then the inbox.
-        for list in [&mut local, &mut inbox] {
-            while let Some(node) = NonNull::new(*list) {
-                // SAFETY: exclusive access (`&mut self`); each node is visited once and never used
-                // by the chain again.
+        // The list runs from `head`, and from `first` if `head` is 0 or marked `THEN_FIRST`
+        // (otherwise `first` is null). Every push has returned, so every link is written.
+        let head = self.head.with_mut(|h| {
+            // SAFETY: `&mut self` gives exclusive access to the owner's cell.
+            unsafe { *h }
+        });
+        let first = self.first.load(Ordering::Relaxed);
+        for start in [(head & !THEN_FIRST) as *mut Link, first] {
+            let mut cur = start;
+            while let Some(node) = NonNull::new(cur) {
+                // SAFETY: exclusive access (`&mut self`); each node is visited once (a `THEN_FIRST`
+                // node's `next` is null) and never used by the chain again.
                 unsafe {
-                    *list = Link::next(node);
+                    cur = Link::next(node);
                     N::drop_queued(N::from_link(node));
                 }
             }
@@ -926,7 +1059,7 @@ mod tests {
         // SAFETY: this test thread made the push that activated the chain, so it owns the chain.
         unsafe {
             assert_eq!(c.pop_value(), Some(1));
-            let _ = c.push_value(2); // lands in the inbox while we own the chain
+            let _ = c.push_value(2); // queued while we own the chain
             assert!(!c.try_release());
             assert_eq!(c.pop_value(), Some(2));
             assert!(c.try_release());
@@ -985,13 +1118,99 @@ mod tests {
             let _ = c.push_value(token.clone());
         }
         // SAFETY: this test thread made the push that activated the chain, so it owns the chain.
-        unsafe { assert!(c.peek().is_some()) }; // moves the inbox into the private FIFO
+        unsafe { assert!(c.peek().is_some()) }; // takes `first` into the owner's cursor
         for _ in 0..2 {
-            let _ = c.push_value(token.clone()); // and two more stay in the inbox
+            let _ = c.push_value(token.clone()); // and two more are linked behind
         }
         assert_eq!(Arc::strong_count(&token), 6);
         drop(c);
         assert_eq!(Arc::strong_count(&token), 1);
+    }
+
+    #[test]
+    fn unpop_of_the_last_node_keeps_it_before_later_pushes() {
+        let c: Chain<BoxNode<u32>> = Chain::new();
+        let _ = c.push_value(1);
+        // SAFETY: this test thread made the push that activated the chain, so it owns the chain;
+        // the un-popped node is the one just popped.
+        unsafe {
+            let one = c.pop().unwrap(); // the tail: the pop swings it out
+            assert_eq!(c.push_value(2), Ok(Pushed::Queued)); // goes to `first`
+            c.unpop(one);
+            assert!(!c.try_release());
+            assert_eq!(c.pop_value(), Some(1));
+            let two = c.pop().unwrap();
+            c.unpop(two); // followed by its successor link this time
+            assert_eq!(c.push_value(3), Ok(Pushed::Queued));
+            assert_eq!(c.pop_value(), Some(2));
+            assert_eq!(c.pop_value(), Some(3));
+            assert_eq!(c.pop_value(), None);
+            assert!(c.try_release());
+        }
+    }
+
+    #[test]
+    fn unpop_after_a_peek_took_first_keeps_both_nodes_in_order() {
+        let c: Chain<BoxNode<(bool, u32)>> = Chain::new();
+        // SAFETY: called only on nodes queued in a chain this test owns.
+        let latest = |n: NonNull<BoxNode<(bool, u32)>>| unsafe { n.as_ref() }.value.0;
+        let _ = c.push_value((false, 1));
+        // SAFETY: this test thread activated the chain; each un-popped node is the one just popped.
+        unsafe {
+            let one = c.pop().unwrap(); // swung out of the tail
+            let _ = c.push_value((false, 2)); // goes to `first`
+            assert!(c.peek().is_some()); // takes `first` into the cursor
+            c.unpop(one);
+            assert_eq!(c.pop_value(), Some((false, 1)));
+            assert_eq!(c.pop_value(), Some((false, 2)));
+            assert_eq!(c.pop_value(), None);
+            assert!(c.try_release());
+            // The same through the coalescing pop, whose check peeks.
+            let _ = c.push_value((true, 3));
+            let three = c.pop().unwrap();
+            let _ = c.push_value((false, 4));
+            c.unpop(three);
+            let p = c.pop_coalescing(latest).unwrap(); // peeks 4 while deciding
+            assert!(!p.superseded);
+            c.unpop(p.node);
+            assert_eq!(c.pop_value(), Some((true, 3)));
+            assert_eq!(c.pop_value(), Some((false, 4)));
+            assert!(c.try_release());
+        }
+    }
+
+    #[test]
+    fn drop_frees_an_unpopped_node_and_what_follows_it() {
+        let token = Arc::new(());
+        let c: Chain<BoxNode<Arc<()>>> = Chain::new();
+        let _ = c.push_value(token.clone());
+        // SAFETY: this test thread activated the chain; the un-popped node is the one just popped.
+        unsafe {
+            let n = c.pop().unwrap();
+            let _ = c.push_value(token.clone());
+            let _ = c.push_value(token.clone());
+            c.unpop(n);
+        }
+        assert_eq!(Arc::strong_count(&token), 4);
+        drop(c);
+        assert_eq!(Arc::strong_count(&token), 1);
+    }
+
+    #[test]
+    fn is_newest_holds_until_the_tail_is_popped() {
+        let c: Chain<BoxNode<u8>> = Chain::new();
+        let a = BoxNode::new(1);
+        // SAFETY: a fresh node, owned by the chain from now on; this thread activates the chain.
+        unsafe {
+            let _ = c.push(a);
+            assert!(c.is_newest(a.as_ref()));
+            assert_eq!(c.peek(), Some(a)); // looked at, not popped: still the newest push
+            assert!(c.is_newest(a.as_ref()));
+            let popped = c.pop().unwrap();
+            assert!(!c.is_newest(popped.as_ref()));
+            BoxNode::into_value(popped);
+            assert!(c.try_release());
+        }
     }
 
     #[test]
@@ -1040,7 +1259,7 @@ mod tests {
         // SAFETY: this test thread made the push that activated the chain, so it owns the chain.
         unsafe {
             assert!(c.peek().is_some()); // node 1 is now in the private FIFO
-            let _ = c.push_value((true, 2)); // pushed into the inbox before 1 starts
+            let _ = c.push_value((true, 2)); // pushed before 1 starts
             let p = c.pop_coalescing(latest).unwrap();
             assert!(p.superseded);
             let _ = BoxNode::into_value(p.node);

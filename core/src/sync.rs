@@ -8,11 +8,11 @@
 
 #[cfg(not(loom))]
 #[allow(unused_imports)]
-pub(crate) use portable_atomic::{AtomicBool, AtomicUsize};
+pub(crate) use portable_atomic::{AtomicBool, AtomicPtr, AtomicUsize};
 
 #[cfg(loom)]
 #[allow(unused_imports)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicUsize};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize};
 
 pub(crate) use core::sync::atomic::Ordering;
 

@@ -29,7 +29,7 @@
 //! its ticket is due, else pops the chain: a due node is returned, any other is parked in the early
 //! list, and so on until the chain is empty. [`advance`](TicketChain::advance) moves `serving` on
 //! once the due node ran. Both fields belong to whoever holds `ACTIVE`, exactly like the chain's
-//! private FIFO: the chain's release/acquire hands them to the next owner.
+//! owner cursor: the chain's release/acquire hands them to the next owner.
 //!
 //! An owner may release the chain while early nodes wait. That is safe: a node waits only for a
 //! ticket that was issued and has not arrived yet; the node of that ticket is on its way (in the
@@ -69,7 +69,7 @@
 //! | `advance` store / `try_retire`'s load of `serving` | `Release` / `Acquire` | also more than needed (correctness rests on the exact close); it lets a retirer that sees a count see the runs behind it |
 //! | `try_close` CAS | `AcqRel` | orders the close against every issue on the word |
 //! | `reopen` | `Release` | the word returns to exactly its value before the close (nobody could issue or close meanwhile) |
-//! | the early list and `serving` between owners | the chain's own release/acquire | exactly as the chain's private FIFO |
+//! | the early list and `serving` between owners | the chain's own release/acquire | exactly as the chain's owner cursor |
 //!
 //! Loom models: `loom/tests/ticket.rs` (a review's mutation runs showed that they catch a close
 //! that ignores `serving`, a missing `reopen`, retiring the chain before closing, popping in
@@ -381,7 +381,8 @@ impl<N: Ticketed> TicketChain<N> {
 
     /// The node whose ticket is due, if it has arrived; nodes that arrived early are parked until
     /// their turn. `None` means the due node is not here: the caller still owns the chain and
-    /// should [`try_release`](Self::try_release) it. Wait-free apart from parking, which walks
+    /// should [`try_release`](Self::try_release) it (which also fails while the push of the
+    /// chain's next node is half done: [`Chain::pop`](crate::chain::Chain::pop)). Wait-free apart from parking, which walks
     /// the early list (short: nodes arrive nearly in order).
     ///
     /// # Safety

@@ -217,7 +217,7 @@ fuzz_target!(|input: Input| {
         m.owned = false;
         m.check(&chain);
     }
-    // Otherwise the chain is dropped with queued nodes in its inbox and/or private FIFO: the
+    // Otherwise the chain is dropped with queued nodes (from its owner cursor and/or `first`): the
     // destructor must free every one (LeakSanitizer checks).
     drop(chain);
 });

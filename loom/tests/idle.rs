@@ -44,6 +44,8 @@ fn release_racing_the_reaper_never_forgets_or_doubles_a_key() {
                                 break;
                             }
                         }
+                        // A push between its two steps: the worker would requeue the key.
+                        loom::thread::yield_now();
                     }
                     if idle.released(5) {
                         items.fetch_add(1, Ordering::AcqRel);

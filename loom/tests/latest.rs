@@ -189,6 +189,9 @@ fn drain(key: &Key) {
             if unsafe { key.chain.try_release() } {
                 return;
             }
+            // A push between its two steps (core `chain`, "The pop"): the worker would requeue
+            // the key; the model yields.
+            loom::thread::yield_now();
             continue;
         };
         let Some(task) = key.latest.popped(p.node) else {
@@ -343,7 +346,7 @@ fn two_submitters_race_the_owners_drain() {
 
 #[test]
 fn submitters_to_a_blocked_key_keep_one_pending_task() {
-    // The owner is busy (it holds the chain and has not taken the inbox): every offer finds the
+    // The owner is busy (it holds the chain and has not popped the marker): every offer finds the
     // marker newest, so the two submits coalesce into the slot, one pending task in all.
     loom::model(|| {
         let key = Key::new();

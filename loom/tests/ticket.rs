@@ -5,7 +5,7 @@
 //! than a mutex-guarded log: a mutex would add happens-before edges between the threads that the
 //! protocol itself does not provide, and could hide a missing acquire in the chain handoff. An RMW
 //! always reads the latest value, so `fetch_add` still sees every run, in the order they happened.
-//! Two owners at once are caught by loom itself: the early list and the chain's private FIFO are
+//! Two owners at once are caught by loom itself: the early list and the chain's owner cursor are
 //! loom `UnsafeCell`s.
 //!
 //! **Thread order matters here.** Loom 0.7's DPOR keeps only the *last* access of each atomic, so
@@ -82,6 +82,8 @@ impl Key {
                     return;
                 }
             }
+            // A push between its two steps (core `chain`, "The pop"): requeue, here a yield.
+            loom::thread::yield_now();
         }
     }
 

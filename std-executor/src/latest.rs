@@ -16,17 +16,18 @@
 //! - **claim** (submitter, slot `EMPTY`): `CAS(EMPTY -> FULL(task))`, then push the marker. Only
 //!   the claimer pushes it, so the marker is on the chain at most once. If the push finds the
 //!   chain retired, the claimer takes its task back with `swap(EMPTY)` (nobody else can have
-//!   replaced it: a retired chain's inbox is empty, so the marker is never its newest node).
-//! - **replace** (submitter, slot `FULL(old)`): only if the marker is the chain's newest push,
-//!   still in the inbox ([`Chain::is_newest`]): then nothing was submitted to the key after
-//!   `old`, and `old` has not started (the owner has not even taken the inbox). `CAS(FULL(old) ->
+//!   replaced it: a retired chain's tail is null, so the marker is never its newest node).
+//! - **replace** (submitter, slot `FULL(old)`): only if the marker is the chain's tail, pushed
+//!   last and not popped yet ([`Chain::is_newest`]; the owner may have peeked at it): then nothing
+//!   was submitted to the key after `old`, and `old` has not started (an owner that pops the
+//!   marker takes the slot with the swap below, which this CAS races fairly). `CAS(FULL(old) ->
 //!   FULL(task))`; on success the submitter owns `old` and abandons it as superseded (closure
 //!   dropped, capacity slot and handle released now). The new task takes the marker's place in
 //!   the key's order, which is where it belongs: nothing was queued after the marker.
 //! - **take** (the chain's owner, after popping the marker): `swap(EMPTY)` returns the task to run.
 //!   The marker left the chain before the swap, so whoever sees `EMPTY` may queue it again.
 //! - Otherwise (slot `FULL` but the marker is not the newest push: something else was submitted
-//!   after it, or the owner already took it) the task is queued as an ordinary node of kind
+//!   after it, or the owner already popped the marker) the task is queued as an ordinary node of kind
 //!   `Latest`; the drain-time rule (a latest task whose successor is also a latest task is
 //!   superseded) still applies to those.
 //!

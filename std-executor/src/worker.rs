@@ -418,6 +418,7 @@ where
         let chain = &ks.chain;
         let budget = self.shared.config.fairness_budget;
         let mut ran = 0;
+        let mut stalled = false;
         loop {
             if ran >= budget {
                 let guard = crossbeam_epoch::pin();
@@ -442,8 +443,17 @@ where
                     self.released(entry_ptr, &guard);
                     return After::Continue;
                 }
+                if stalled {
+                    // Twice nothing to pop, yet a push is queued: it is between its two steps
+                    // (core `chain`, "The pop"). Do not wait for its thread: queue the key
+                    // behind the others and come back to it.
+                    self.shared.schedule(Runnable::Chain(entry_ptr), None);
+                    return After::Continue;
+                }
+                stalled = true;
                 continue;
             };
+            stalled = false;
             // SAFETY: we own the chain and just popped the node.
             let Some(mut task) = (unsafe { ks.popped(p.node) }) else {
                 continue;
@@ -603,6 +613,8 @@ pub(crate) fn steal_into<T>(mut f: impl FnMut() -> Steal<T>) -> Option<T> {
 /// The caller owns the entry's chain.
 pub(crate) unsafe fn drain_chain<K>(entry: &KeyEntry<K>, out: &mut Vec<TaskRef>) {
     let ks = entry.value();
+    // Every caller runs after `shutdown_now` closed the gate and waited for the submissions
+    // inside it, so no push is half done and `None` means the chain is empty.
     // SAFETY: per the contract; popped nodes are ours.
     while let Some(n) = unsafe { ks.chain.pop() } {
         // SAFETY: we own the chain and just popped `n`.

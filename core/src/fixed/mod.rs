@@ -5,15 +5,17 @@
 //! # Progress
 //!
 //! No operation waits for another thread or handler to finish a step. Every multi-step change
-//! that others may observe half-done (an insert in the key table, a push onto the ready ring) is
-//! completed by whoever finds it half-done, so an interrupt handler that preempts any call on the
-//! same core completes its own call.
+//! that others may observe half-done is either completed by whoever finds it half-done (an insert
+//! in the key table, a push onto the ready ring) or stepped around: a `run` that meets a chain push
+//! between its two steps (see [`crate::chain`], "The pop") ends its turn and puts the key back on
+//! the ring until the pusher finishes. So an interrupt handler that preempts any call on the same
+//! core completes its own call.
 //!
 //! | operation | guarantee | why |
 //! |---|---|---|
 //! | [`queued`](FixedSerializer::queued), [`live_keys`](FixedSerializer::live_keys) | wait-free | one load |
 //! | [`submit`](FixedSerializer::submit) | lock-free | a `CAS` retries only because another call's `CAS` on the same word succeeded (task pool, key table, chain push, ready ring); at most `KEYS` probes per scan |
-//! | [`run`](FixedSerializer::run) | lock-free, plus the time `f` takes | ready-ring pop and requeue are lock-free; the chain's take, release and retire are wait-free; freeing a task node is a lock-free push |
+//! | [`run`](FixedSerializer::run) | lock-free, plus the time `f` takes | ready-ring pop and requeue are lock-free; the chain's pop, release and retire are wait-free (none waits for a half-done push); freeing a task node is a lock-free push |
 //!
 //! None of them is wait-free in general: an unbounded stream of successful operations by others
 //! can keep one `CAS` retrying. A key whose task is running (its `run` call preempted, say) is not
@@ -305,22 +307,27 @@ impl<K: Hash + Eq + Clone, T, const KEYS: usize, const TASKS: usize>
         // SAFETY: popping the slot from the ring handed us its chain's baton, which keeps the
         // slot LIVE (retire needs an idle chain) and its key in place until we give it up.
         let key = unsafe { slot.key() };
+        let mut stalled = false;
         while turn.ran < budget {
             // SAFETY: we hold the chain's baton.
             match unsafe { slot.chain.pop() } {
                 Some(node) => {
+                    stalled = false;
                     // SAFETY: the node came from our pool and is no longer queued.
                     let task = unsafe { self.tasks.free(node) };
                     self.queued.fetch_sub(1, Ordering::Relaxed);
                     turn.ran += 1;
                     f(key, task);
                 }
-                None => {
-                    if self.release(i) {
-                        turn.released = true;
-                        break;
-                    }
+                None if self.release(i) => {
+                    turn.released = true;
+                    break;
                 }
+                // Twice nothing to pop, yet a push is queued: it is between its two steps,
+                // perhaps in the very code this call interrupted (core `chain`, "The pop").
+                // End the turn rather than wait for it: `Turn` puts the key back on the ring.
+                None if stalled => break,
+                None => stalled = true,
             }
         }
         turn.ran
