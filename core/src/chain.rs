@@ -707,10 +707,10 @@ impl<N: Linked> Chain<N> {
     /// ```
     pub unsafe fn unpop(&self, node: NonNull<N>) {
         let link = N::link(node);
+        // `head` holds what follows `node` now: its successor, the node a later `peek` took from
+        // `first`, or 0 if the list goes on at `first` after it.
         // SAFETY: the caller owns the chain, and no push writes `node.next` any more (its pop
-        // found its successor or swung it out of the tail). `head` holds what follows `node` now:
-        // its successor, the node a later `peek` took from `first`, or 0 if the list goes on at
-        // `first` after it.
+        // found its successor or swung it out of the tail).
         unsafe {
             let head = self.head();
             debug_assert_eq!(
