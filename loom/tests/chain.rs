@@ -229,6 +229,17 @@ fn push(c: &Q, tally: &StdArc<Tally>, id: u32) -> Pushed {
     try_push(c, tally, id, false).unwrap_or_else(|_| panic!("push {id} bounced"))
 }
 
+/// Spawns a thread that pushes `ids` in order onto a chain no model thread retires; its join
+/// returns what each push reported.
+fn spawn_pushes<const M: usize>(
+    c: &Arc<Q>,
+    tally: &StdArc<Tally>,
+    ids: [u32; M],
+) -> thread::JoinHandle<[Pushed; M]> {
+    let (c, tally) = (c.clone(), tally.clone());
+    thread::spawn(move || ids.map(|id| push(&c, &tally, id)))
+}
+
 /// Reads a node's value through its cell (loom checks it was published to this thread).
 fn read(v: &Val) -> u32 {
     // SAFETY: the cell is only ever read after its creation.
@@ -308,10 +319,7 @@ fn pending_window_the_owner_waits_for_each_link() {
         let tally = StdArc::new(Tally::default());
         let c = Arc::new(Q::new());
         assert_eq!(push(&c, &tally, 0), Pushed::Activated); // main owns the chain
-        let pusher = {
-            let (c, tally) = (c.clone(), tally.clone());
-            thread::spawn(move || [push(&c, &tally, 1), push(&c, &tally, 2)])
-        };
+        let pusher = spawn_pushes(&c, &tally, [1, 2]);
         let mut got = vec![pop_wait(&c)];
         got.extend(drain_vals_and_release(&c));
         let pushed = pusher.join().unwrap();
@@ -339,13 +347,10 @@ fn swing_racing_a_push_links_it_or_sends_it_to_first() {
         let tally = StdArc::new(Tally::default());
         let c = Arc::new(Q::new());
         assert_eq!(push(&c, &tally, 0), Pushed::Activated);
-        let pusher = {
-            let (c, tally) = (c.clone(), tally.clone());
-            thread::spawn(move || push(&c, &tally, 1))
-        };
+        let pusher = spawn_pushes(&c, &tally, [1]);
         assert_eq!(pop_wait(&c), 0);
         assert_eq!(pop_n(&c, 1), [1]);
-        assert_eq!(pusher.join().unwrap(), Pushed::Queued);
+        assert_eq!(pusher.join().unwrap(), [Pushed::Queued]);
         assert_eq!(pop(&c), None);
         // SAFETY: main made the activating push and never released.
         assert!(unsafe { c.try_release() });
@@ -368,10 +373,7 @@ fn first_refilled_after_each_swing_keeps_a_pushers_order() {
         let c = Arc::new(Q::new());
         assert_eq!(push(&c, &tally, 0), Pushed::Activated);
         assert_eq!(pop(&c), Some(0)); // the swing: owned, tail null
-        let pusher = {
-            let (c, tally) = (c.clone(), tally.clone());
-            thread::spawn(move || [push(&c, &tally, 1), push(&c, &tally, 2)])
-        };
+        let pusher = spawn_pushes(&c, &tally, [1, 2]);
         assert_eq!(pop_n(&c, 2), [1, 2]);
         assert_eq!(pusher.join().unwrap(), [Pushed::Queued; 2]);
         assert_eq!(pop(&c), None);
@@ -431,10 +433,7 @@ fn unpop_of_a_swung_node_comes_before_racing_pushes() {
         assert_eq!(push(&c, &tally, 0), Pushed::Activated);
         // SAFETY: main owns the chain (activating push).
         let zero = unsafe { c.pop() }.expect("0 is queued, alone"); // the swing
-        let pusher = {
-            let (c, tally) = (c.clone(), tally.clone());
-            thread::spawn(move || [push(&c, &tally, 1), push(&c, &tally, 2)])
-        };
+        let pusher = spawn_pushes(&c, &tally, [1, 2]);
         // SAFETY: main owns the chain; `zero` is the node it just popped.
         unsafe { c.unpop(zero) };
         assert_eq!(pop_n(&c, 3), [0, 1, 2]);
@@ -458,15 +457,12 @@ fn unpop_of_a_racing_pop_comes_before_the_racing_push() {
         let tally = StdArc::new(Tally::default());
         let c = Arc::new(Q::new());
         assert_eq!(push(&c, &tally, 0), Pushed::Activated);
-        let pusher = {
-            let (c, tally) = (c.clone(), tally.clone());
-            thread::spawn(move || push(&c, &tally, 1))
-        };
+        let pusher = spawn_pushes(&c, &tally, [1]);
         let zero = pop_node_wait(&c); // main owns the chain (activating push)
                                       // SAFETY: main owns the chain; `zero` is the node it just popped.
         unsafe { c.unpop(zero) };
         assert_eq!(pop_n(&c, 2), [0, 1]);
-        assert_eq!(pusher.join().unwrap(), Pushed::Queued);
+        assert_eq!(pusher.join().unwrap(), [Pushed::Queued]);
         // SAFETY: main made the activating push and never released.
         assert!(unsafe { c.try_release() });
         assert!(c.is_idle());
@@ -485,10 +481,7 @@ fn drop_after_unpop_and_racing_pushes_frees_each_node_once() {
         let tally = StdArc::new(Tally::default());
         let c = Arc::new(Q::new());
         assert_eq!(push(&c, &tally, 0), Pushed::Activated);
-        let pusher = {
-            let (c, tally) = (c.clone(), tally.clone());
-            thread::spawn(move || [push(&c, &tally, 1), push(&c, &tally, 2)])
-        };
+        let pusher = spawn_pushes(&c, &tally, [1, 2]);
         let zero = pop_node_wait(&c); // main owns the chain (activating push)
                                       // SAFETY: main owns the chain; `zero` is the node it just popped.
         unsafe { c.unpop(zero) };
@@ -509,10 +502,7 @@ fn peek_racing_pushes_shows_the_node_pop_takes() {
         let tally = StdArc::new(Tally::default());
         let c = Arc::new(Q::new());
         assert_eq!(push(&c, &tally, 0), Pushed::Activated);
-        let pusher = {
-            let (c, tally) = (c.clone(), tally.clone());
-            thread::spawn(move || [push(&c, &tally, 1), push(&c, &tally, 2)])
-        };
+        let pusher = spawn_pushes(&c, &tally, [1, 2]);
         let mut got = Vec::new();
         while got.len() < 3 {
             // SAFETY: main owns the chain (activating push, never released).
