@@ -593,9 +593,10 @@ impl<N: Linked> Chain<N> {
         Some(unsafe { N::from_link(node) })
     }
 
-    /// The oldest queued node without taking it; `None` when [`pop`](Self::pop) would return
-    /// `None` because nothing is queued or the first node's push is between its two steps.
-    /// Wait-free.
+    /// The oldest queued node without taking it; `None` when nothing is queued, or when that
+    /// node's own push is between its two steps (it replaced a null tail and has not stored
+    /// `first` yet). Unlike [`pop`](Self::pop) it does not need the node's successor, so it may
+    /// return a node that `pop` cannot hand out yet. Wait-free.
     ///
     /// # Safety
     /// The caller owns the chain. The returned pointer stays valid while the node is queued.
