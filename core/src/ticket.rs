@@ -382,8 +382,8 @@ impl<N: Ticketed> TicketChain<N> {
     /// The node whose ticket is due, if it has arrived; nodes that arrived early are parked until
     /// their turn. `None` means the due node is not here: the caller still owns the chain and
     /// should [`try_release`](Self::try_release) it (which also fails while the push of the
-    /// chain's next node is half done: [`Chain::pop`](crate::chain::Chain::pop)). Wait-free apart from parking, which walks
-    /// the early list (short: nodes arrive nearly in order).
+    /// chain's next node is half done: [`Chain::pop`](crate::chain::Chain::pop)). Wait-free
+    /// apart from parking, which walks the early list (short: nodes arrive nearly in order).
     ///
     /// # Safety
     /// The caller owns the chain.

@@ -229,6 +229,24 @@ fn push(c: &Q, tally: &StdArc<Tally>, id: u32) -> Pushed {
     try_push(c, tally, id, false).unwrap_or_else(|_| panic!("push {id} bounced"))
 }
 
+/// A fresh chain with node 0 pushed by this thread, which the push made the owner.
+fn owning_zero() -> (StdArc<Tally>, Arc<Q>) {
+    let tally = StdArc::new(Tally::default());
+    let c = Arc::new(Q::new());
+    assert_eq!(push(&c, &tally, 0), Pushed::Activated);
+    (tally, c)
+}
+
+/// The end of a model whose main thread owned the chain throughout: the release succeeds, the
+/// chain is idle, and once it is dropped each of the `n` nodes was freed exactly once.
+fn release_then_count_drops(c: Arc<Q>, tally: &Tally, n: usize) {
+    // SAFETY: main made the activating push and never released.
+    assert!(unsafe { c.try_release() });
+    assert!(c.is_idle());
+    drop(c);
+    tally.assert_each_dropped_once(n);
+}
+
 /// Spawns a thread that pushes `ids` in order onto a chain no model thread retires; its join
 /// returns what each push reported.
 fn spawn_pushes<const M: usize>(
@@ -344,19 +362,13 @@ fn pending_window_the_owner_waits_for_each_link() {
 #[test]
 fn swing_racing_a_push_links_it_or_sends_it_to_first() {
     loom::model(|| {
-        let tally = StdArc::new(Tally::default());
-        let c = Arc::new(Q::new());
-        assert_eq!(push(&c, &tally, 0), Pushed::Activated);
+        let (tally, c) = owning_zero();
         let pusher = spawn_pushes(&c, &tally, [1]);
         assert_eq!(pop_wait(&c), 0);
         assert_eq!(pop_n(&c, 1), [1]);
         assert_eq!(pusher.join().unwrap(), [Pushed::Queued]);
         assert_eq!(pop(&c), None);
-        // SAFETY: main made the activating push and never released.
-        assert!(unsafe { c.try_release() });
-        assert!(c.is_idle());
-        drop(c);
-        tally.assert_each_dropped_once(2);
+        release_then_count_drops(c, &tally, 2);
     });
 }
 
@@ -369,34 +381,26 @@ fn swing_racing_a_push_links_it_or_sends_it_to_first() {
 #[test]
 fn first_refilled_after_each_swing_keeps_a_pushers_order() {
     loom::model(|| {
-        let tally = StdArc::new(Tally::default());
-        let c = Arc::new(Q::new());
-        assert_eq!(push(&c, &tally, 0), Pushed::Activated);
+        let (tally, c) = owning_zero();
         assert_eq!(pop(&c), Some(0)); // the swing: owned, tail null
         let pusher = spawn_pushes(&c, &tally, [1, 2]);
         assert_eq!(pop_n(&c, 2), [1, 2]);
         assert_eq!(pusher.join().unwrap(), [Pushed::Queued; 2]);
         assert_eq!(pop(&c), None);
-        // SAFETY: main made the activating push and never released.
-        assert!(unsafe { c.try_release() });
-        assert!(c.is_idle());
-        drop(c);
-        tally.assert_each_dropped_once(3);
+        release_then_count_drops(c, &tally, 3);
     });
 }
 
 /// Two pushers onto a swung (null) tail while the owner keeps popping: exactly one of them
 /// replaces the null tail and stores `first`, the other links behind it (possibly while the
-/// owner's pops return `None` in its pending window), or, if the owner has taken and swung out the first one
-/// meanwhile, stores `first` afresh. Asserts: 1 and 2 each delivered exactly once (`first` never
+/// owner's pops return `None` in its pending window), or, if the owner has taken and swung out
+/// the first one meanwhile, stores `first` afresh. Asserts: 1 and 2 each delivered exactly once (`first` never
 /// overwritten unread, nothing lost), both pushes `Queued`, the release then succeeds, every
 /// node freed once.
 #[test]
 fn two_pushers_onto_a_swung_tail_lose_no_first() {
     loom::model(|| {
-        let tally = StdArc::new(Tally::default());
-        let c = Arc::new(Q::new());
-        assert_eq!(push(&c, &tally, 0), Pushed::Activated);
+        let (tally, c) = owning_zero();
         assert_eq!(pop(&c), Some(0)); // the swing: owned, tail null
         let pushers: Vec<_> = [1, 2]
             .into_iter()
@@ -412,11 +416,7 @@ fn two_pushers_onto_a_swung_tail_lose_no_first() {
             assert_eq!(p.join().unwrap(), Pushed::Queued);
         }
         assert_eq!(pop(&c), None);
-        // SAFETY: main made the activating push and never released.
-        assert!(unsafe { c.try_release() });
-        assert!(c.is_idle());
-        drop(c);
-        tally.assert_each_dropped_once(3);
+        release_then_count_drops(c, &tally, 3);
     });
 }
 
@@ -428,9 +428,7 @@ fn two_pushers_onto_a_swung_tail_lose_no_first() {
 #[test]
 fn unpop_of_a_swung_node_comes_before_racing_pushes() {
     loom::model(|| {
-        let tally = StdArc::new(Tally::default());
-        let c = Arc::new(Q::new());
-        assert_eq!(push(&c, &tally, 0), Pushed::Activated);
+        let (tally, c) = owning_zero();
         // SAFETY: main owns the chain (activating push).
         let zero = unsafe { c.pop() }.expect("0 is queued, alone"); // the swing
         let pusher = spawn_pushes(&c, &tally, [1, 2]);
@@ -438,11 +436,7 @@ fn unpop_of_a_swung_node_comes_before_racing_pushes() {
         unsafe { c.unpop(zero) };
         assert_eq!(pop_n(&c, 3), [0, 1, 2]);
         assert_eq!(pusher.join().unwrap(), [Pushed::Queued; 2]);
-        // SAFETY: main made the activating push and never released.
-        assert!(unsafe { c.try_release() });
-        assert!(c.is_idle());
-        drop(c);
-        tally.assert_each_dropped_once(3);
+        release_then_count_drops(c, &tally, 3);
     });
 }
 
@@ -454,20 +448,14 @@ fn unpop_of_a_swung_node_comes_before_racing_pushes() {
 #[test]
 fn unpop_of_a_racing_pop_comes_before_the_racing_push() {
     loom::model(|| {
-        let tally = StdArc::new(Tally::default());
-        let c = Arc::new(Q::new());
-        assert_eq!(push(&c, &tally, 0), Pushed::Activated);
+        let (tally, c) = owning_zero();
         let pusher = spawn_pushes(&c, &tally, [1]);
         let zero = pop_node_wait(&c); // main owns the chain (activating push)
                                       // SAFETY: main owns the chain; `zero` is the node it just popped.
         unsafe { c.unpop(zero) };
         assert_eq!(pop_n(&c, 2), [0, 1]);
         assert_eq!(pusher.join().unwrap(), [Pushed::Queued]);
-        // SAFETY: main made the activating push and never released.
-        assert!(unsafe { c.try_release() });
-        assert!(c.is_idle());
-        drop(c);
-        tally.assert_each_dropped_once(2);
+        release_then_count_drops(c, &tally, 2);
     });
 }
 
@@ -478,9 +466,7 @@ fn unpop_of_a_racing_pop_comes_before_the_racing_push() {
 #[test]
 fn drop_after_unpop_and_racing_pushes_frees_each_node_once() {
     loom::model(|| {
-        let tally = StdArc::new(Tally::default());
-        let c = Arc::new(Q::new());
-        assert_eq!(push(&c, &tally, 0), Pushed::Activated);
+        let (tally, c) = owning_zero();
         let pusher = spawn_pushes(&c, &tally, [1, 2]);
         let zero = pop_node_wait(&c); // main owns the chain (activating push)
                                       // SAFETY: main owns the chain; `zero` is the node it just popped.
@@ -499,9 +485,7 @@ fn drop_after_unpop_and_racing_pushes_frees_each_node_once() {
 #[test]
 fn peek_racing_pushes_shows_the_node_pop_takes() {
     loom::model(|| {
-        let tally = StdArc::new(Tally::default());
-        let c = Arc::new(Q::new());
-        assert_eq!(push(&c, &tally, 0), Pushed::Activated);
+        let (tally, c) = owning_zero();
         let pusher = spawn_pushes(&c, &tally, [1, 2]);
         let mut got = Vec::new();
         while got.len() < 3 {
@@ -599,9 +583,7 @@ fn pop_coalescing_racing_a_push() {
 #[test]
 fn release_racing_pushes_through_first_and_a_retire() {
     loom::model(|| {
-        let tally = StdArc::new(Tally::default());
-        let c = Arc::new(Q::new());
-        assert_eq!(push(&c, &tally, 0), Pushed::Activated);
+        let (tally, c) = owning_zero();
         assert_eq!(pop(&c), Some(0)); // the swing: owned, tail null
         let pusher = {
             let (c, tally) = (c.clone(), tally.clone());

@@ -27,8 +27,8 @@
 //! - **take** (the chain's owner, after popping the marker): `swap(EMPTY)` returns the task to run.
 //!   The marker left the chain before the swap, so whoever sees `EMPTY` may queue it again.
 //! - Otherwise (slot `FULL` but the marker is not the newest push: something else was submitted
-//!   after it, or the owner already popped the marker) the task is queued as an ordinary node of kind
-//!   `Latest`; the drain-time rule (a latest task whose successor is also a latest task is
+//!   after it, or the owner already popped the marker) the task is queued as an ordinary node of
+//!   kind `Latest`; the drain-time rule (a latest task whose successor is also a latest task is
 //!   superseded) still applies to those.
 //!
 //! **Nothing lost or run twice**: a task is in exactly one place at a time. The replacing CAS and

@@ -74,9 +74,6 @@ const GLOBAL_INTERVAL: u32 = 31;
 /// take one shared-queue transfer per several chains, few enough that a batch stuck behind a
 /// task that blocks is small (and stealable).
 const GLOBAL_BATCH: usize = 4;
-/// How many times a worker spins (1, 2, 4 … 64 pauses, about 0.5 µs in all) on a key whose next
-/// push is between its two steps before it requeues the key instead.
-const STALL_SPINS: u32 = 8;
 
 thread_local! {
     /// The serializer and slot of the worker running on this thread, and its local deque.
@@ -421,8 +418,8 @@ where
         let chain = &ks.chain;
         let budget = self.shared.config.fairness_budget;
         let mut ran = 0;
-        // Failed releases in a row with nothing to pop (see below).
-        let mut stalls = 0u32;
+        // Backs off on failed releases in a row with nothing to pop (see below).
+        let stall = crossbeam_utils::Backoff::new();
         loop {
             if ran >= budget {
                 let guard = crossbeam_epoch::pin();
@@ -448,20 +445,17 @@ where
                     return After::Continue;
                 }
                 // Nothing to pop, yet a push is queued: it is between its two steps (core
-                // `chain`, "The pop"), normally a few instructions from done. Spin briefly; if
-                // its thread was preempted there, do not wait for it: queue the key behind the
-                // others and come back to it.
-                stalls += 1;
-                if stalls > STALL_SPINS {
+                // `chain`, "The pop"), normally a few instructions from done. Back off (spin,
+                // then yield, which lets a preempted pusher on this core run); once the backoff
+                // is spent, do not wait any longer: queue the key behind the others.
+                if stall.is_completed() {
                     self.shared.schedule(Runnable::Chain(entry_ptr), None);
                     return After::Continue;
                 }
-                for _ in 0..1u32 << stalls.min(6) {
-                    std::hint::spin_loop();
-                }
+                crate::sync::snooze(&stall);
                 continue;
             };
-            stalls = 0;
+            stall.reset();
             // SAFETY: we own the chain and just popped the node.
             let Some(mut task) = (unsafe { ks.popped(p.node) }) else {
                 continue;
