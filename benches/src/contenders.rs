@@ -9,6 +9,7 @@ use crate::fifo_tickets::FifoTickets;
 use crate::inline::Inline;
 use crate::keyserial_exec::KeyserialExec;
 use crate::lanes::Lanes;
+use crate::steal_lanes::StealLanes;
 use crate::striped::Striped;
 use crate::thread_per_key::ThreadPerKey;
 use crate::tokio_actor::TokioActor;
@@ -57,6 +58,9 @@ pub enum Contender {
     /// A prototype of a proposed keyserial design (`fifo_tickets`): not a baseline, never in
     /// keyserial's ratios nor the winner line; skipped where it would hold too many keys.
     FifoTickets,
+    /// A prototype of a proposed keyserial design (`steal_lanes`): lanes whose stuck owner is
+    /// relieved by an idle worker; not a baseline, never in keyserial's ratios nor the winner line.
+    StealLanes,
 }
 
 impl Contender {
@@ -79,6 +83,7 @@ impl Contender {
             v.push(Contender::KeyserialBounded);
         }
         v.push(Contender::FifoTickets);
+        v.push(Contender::StealLanes);
         v.extend(Self::BASELINES);
         v
     }
@@ -101,6 +106,7 @@ impl Contender {
             Contender::TokioActor => "tokio_actor",
             Contender::Unordered => "unordered",
             Contender::FifoTickets => "fifo_tickets",
+            Contender::StealLanes => "steal_lanes",
         }
     }
 
@@ -112,6 +118,7 @@ impl Contender {
                 Contender::Keyserial,
                 Contender::KeyserialBounded,
                 Contender::FifoTickets,
+                Contender::StealLanes,
             ])
             .find(|c| c.id() == id)
     }
@@ -139,13 +146,17 @@ impl Contender {
             Contender::FifoTickets => format!(
                 "PROTOTYPE of a keyserial redesign: one global FIFO + per-key tickets, {workers} workers"
             ),
+            Contender::StealLanes => format!(
+                "PROTOTYPE of a keyserial redesign: key hash onto {} lanes served by {workers} workers; an idle worker takes a lane whose owner is stuck in a task, deferring only that key",
+                2 * workers
+            ),
         }
     }
 
     /// Whether the row is a prototype of a proposed keyserial design (shown for comparison, kept
     /// out of the winner line and of keyserial's ratios).
     pub fn is_prototype(self) -> bool {
-        self == Contender::FifoTickets
+        matches!(self, Contender::FifoTickets | Contender::StealLanes)
     }
 
     /// Whether the contender promises per-key order (the unordered pool does not).
@@ -202,6 +213,7 @@ impl Contender {
             Contender::TokioActor => v.visit(&TokioActor::new(workers)),
             Contender::Unordered => v.visit(&Unordered::new(workers)),
             Contender::FifoTickets => v.visit(&FifoTickets::new(workers)),
+            Contender::StealLanes => v.visit(&StealLanes::new(workers, 2 * workers)),
         }
     }
 }
