@@ -6,6 +6,7 @@
 //! | module | what it is |
 //! |---|---|
 //! | [`chain`] | a key's task chain: an intrusive MPSC queue fused with the `ACTIVE`/`RETIRED` handoff word |
+//! | [`lane`] | a lane's ownership word: one worker pops a shared FIFO; an idle worker takes it from an owner stuck in a task, deferring only that task's key |
 //! | [`fixed`] | [`fixed::FixedSerializer`]: a complete serializer without an allocator (fixed key table, task pool, ready ring) |
 //! | [`pool`] | fixed-capacity node storage with generation counters, for builds without an allocator |
 //! | [`ready`] | queues where chains that became active wait for a worker (bounded no-alloc, unbounded with `alloc`) |
@@ -50,6 +51,7 @@ mod sync;
 
 pub mod chain;
 pub mod fixed;
+pub mod lane;
 pub mod permits;
 pub mod pool;
 pub mod ready;
