@@ -11,37 +11,43 @@
 //! - **Lanes.** `lanes` FIFOs of `(key, task)` (crossbeam channels, read in submission order); a
 //!   key is hashed onto one lane for ever. Lanes are not tied to threads: a worker *owns* at most
 //!   one lane at a time and pops it alone; `workers` threads serve the lanes.
-//! - **A lane's state word** `seq << 16 | owner << 2 | phase`, phase one of `FREE`, `OWNED` (its
-//!   owner is popping) and `RUNNING` (its owner is inside the task of key `current`). Per task
-//!   the owner stores `RUNNING` (Release, after writing `current`) and, after the task, CASes
-//!   `RUNNING(seq)` back to `OWNED(seq + 1)`: one store and one uncontended RMW per task.
+//! - **A lane's ownership word** is `keyserial_core::lane::Lane` (its protocol, the handoff and
+//!   the loom models are there): `FREE`, `OWNED` (its owner is popping) and `RUNNING` (its owner
+//!   is inside a task of key `current`). Per task the owner stores `RUNNING` and, after the task,
+//!   CASes it back to `OWNED`: one store and one uncontended RMW per task.
 //! - **Stealing.** A worker with nothing to pop looks for a lane in `RUNNING` with tasks waiting.
-//!   If the lane's `seq` has not moved for [`STEAL_AFTER`] (its owner is stuck in one task, not
-//!   streaming short ones), it CASes `RUNNING(seq)` to `OWNED(me)` under the lane's handoff
-//!   lock, and hands the old owner a [`Deferred`] chain for `current`, marked active: the old
-//!   owner's CAS after its task fails, it takes the chain and runs whatever the thief pushed onto
-//!   it, in order, then deactivates it. Until then the lane's owner pushes that key's tasks onto
-//!   the chain instead of running them: only the stuck key waits, every other key of the lane
-//!   runs. A deferred chain found inactive is removed and its key runs from the lane again.
+//!   If the lane's word has not moved for [`STEAL_AFTER`] (its owner is stuck in one task, not
+//!   streaming short ones), it offers the old owner a `Deferred` chain for `current`, marked
+//!   active, and takes the lane (`Lane::try_steal`): the old owner's CAS after its task fails, it
+//!   collects the chain and runs whatever the thief pushed onto it, in order, then deactivates
+//!   it. Until then the lane's owner pushes that key's tasks onto the chain instead of running
+//!   them: only the stuck key waits, every other key of the lane runs. A deferred chain found
+//!   inactive is removed and its key runs from the lane again.
 //! - **Order per key.** A key's tasks leave its one lane in FIFO order, popped by one owner at a
 //!   time (ownership moves by CAS, Acquire/Release); each runs directly (no other task of the key
 //!   is running: the only one that could be is the owner's own previous one) or, while the key
 //!   is deferred, through its chain, whose single runner runs them in push order. The compare
 //!   program's order check verifies it on every run.
-//! - **Sleep.** A worker with nothing to do registers as a sleeper, re-checks every lane, parks.
-//!   A submit wakes one sleeper when its lane is `FREE`, or `RUNNING` and its backlog just
+//! - **Sleep.** A worker with nothing to do spins a little (counted as *searching*), then
+//!   registers as a sleeper, re-checks every lane, parks. A submit wakes one sleeper, unless a
+//!   worker is searching (rayon's rule), when its lane is `FREE`, or `RUNNING` and its backlog just
 //!   reached [`WAKE_BACKLOG`] tasks (a lane that may be stuck); the check costs one load while
 //!   nobody sleeps. While some lane has such a backlog, a sleeper parks for [`POLL`] only and
 //!   looks again (a steal needs the lane's `seq` to stand still).
-//! - **Fairness.** An owner releases its lane after [`BUDGET`] tasks and looks at the others
-//!   first, so no lane starves while another streams.
+//! - **Affinity and fairness.** Worker `w` serves lanes `l` with `l % workers == w` first, so
+//!   while every worker is busy a key's tasks (and its data) stay on one core, as with pinned
+//!   lanes; it takes any other free lane with tasks before it sleeps. An owner releases its lane
+//!   after [`BUDGET`] tasks and tries its next home lane first, so no lane starves while another
+//!   streams.
 //!
 //! Left out, because they do not change the cost of the paths measured: per-key state for the
 //! contract's other submit kinds (latest, distinct, permits), panics, a bound, shutdown's
 //! hand-back. The deferral map is a mutex-guarded `HashMap` that only a lane's owner touches.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::mem::{ManuallyDrop, MaybeUninit};
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -49,8 +55,79 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{unbounded, Receiver, Sender, TryRecvError};
 use crossbeam_utils::sync::{Parker, Unparker};
 use crossbeam_utils::{Backoff, CachePadded};
+use keyserial_core::lane::{Ended, Lane as LaneWord, Mailbox, Phase, Watch};
 
 use crate::exec::{bucket, Completion, KeyedExecutor, Task};
+
+/// Words of closure an [`InlineTask`] holds without a box.
+const INLINE_WORDS: usize = 4;
+
+/// A task stored in the lane's slot itself when it fits in [`INLINE_WORDS`] words (a
+/// pre-boxed `Task` always does: it is two words), boxed otherwise: a submitted closure costs no
+/// allocation, as keyserial's task nodes do not, and the worker reads it from the slot it was
+/// written to, in submission order.
+pub struct InlineTask {
+    /// Moves the closure out of `data` and runs it.
+    call: unsafe fn(*mut u8),
+    /// Drops the closure in `data` without running it.
+    drop: unsafe fn(*mut u8),
+    data: MaybeUninit<[usize; INLINE_WORDS]>,
+}
+
+// SAFETY: an `InlineTask` is only built from an `F: Send` (see `new`), and owns it.
+unsafe impl Send for InlineTask {}
+
+/// # Safety
+/// `p` points to an initialised `F` that is not used again afterwards.
+unsafe fn call_inline<F: FnOnce()>(p: *mut u8) {
+    // SAFETY: per the contract, `p` holds an `F`, read once and moved out here.
+    let f = unsafe { p.cast::<F>().read() };
+    f();
+}
+
+/// # Safety
+/// As for [`call_inline`].
+unsafe fn drop_inline<F>(p: *mut u8) {
+    // SAFETY: per the contract, `p` holds an `F`, dropped once here.
+    unsafe { p.cast::<F>().drop_in_place() };
+}
+
+impl InlineTask {
+    /// Stores `f` inline if it fits, boxed (two words, inline) otherwise.
+    pub fn new<F: FnOnce() + Send + 'static>(f: F) -> Self {
+        if size_of::<F>() > size_of::<[usize; INLINE_WORDS]>()
+            || align_of::<F>() > align_of::<usize>()
+        {
+            let boxed: Task = Box::new(f);
+            return Self::new(boxed);
+        }
+        let mut data = MaybeUninit::<[usize; INLINE_WORDS]>::uninit();
+        // SAFETY: `F` fits in `data`'s size and alignment (checked above); `data` is ours.
+        unsafe { data.as_mut_ptr().cast::<F>().write(f) };
+        InlineTask {
+            call: call_inline::<F>,
+            drop: drop_inline::<F>,
+            data,
+        }
+    }
+
+    /// Runs the task.
+    pub fn run(self) {
+        let mut me = ManuallyDrop::new(self);
+        let call = me.call;
+        // SAFETY: `data` holds the closure `call` was made for; `me` is never dropped, so the
+        // closure moved out by `call` is not dropped again.
+        unsafe { call(me.data.as_mut_ptr().cast()) };
+    }
+}
+
+impl Drop for InlineTask {
+    fn drop(&mut self) {
+        // SAFETY: `data` holds the closure `drop` was made for, not yet moved out (`run`
+        // forgets `self`).
+        unsafe { (self.drop)(self.data.as_mut_ptr().cast()) };
+    }
+}
 
 /// How long a lane's `seq` must stand still, with tasks waiting, before an idle worker takes it.
 pub const STEAL_AFTER: Duration = Duration::from_micros(20);
@@ -61,20 +138,6 @@ pub const WAKE_BACKLOG: usize = 16;
 /// How often a sleeper looks again at a lane with a backlog behind a running task.
 pub const POLL: Duration = Duration::from_micros(100);
 
-const FREE: u64 = 0;
-const OWNED: u64 = 1;
-const RUNNING: u64 = 2;
-
-fn pack(seq: u64, owner: usize, phase: u64) -> u64 {
-    (seq << 16) | ((owner as u64) << 2) | phase
-}
-fn phase(s: u64) -> u64 {
-    s & 3
-}
-fn seq(s: u64) -> u64 {
-    s >> 16
-}
-
 /// A deferred key's tasks, run by the worker that was stuck in the key's task when its lane was
 /// taken.
 #[derive(Default)]
@@ -84,35 +147,32 @@ struct Deferred {
 
 #[derive(Default)]
 struct DeferredInner {
-    queue: VecDeque<Task>,
+    queue: VecDeque<InlineTask>,
     /// Its runner has not yet found the queue empty.
     active: bool,
 }
 
-struct LaneHot {
-    state: AtomicU64,
-    /// The key of the task the owner is running (valid while `RUNNING`).
-    current: AtomicU64,
-}
-
 struct Lane {
-    hot: CachePadded<LaneHot>,
-    tx: Sender<(u64, Task)>,
-    rx: Receiver<(u64, Task)>,
+    /// Who pops the lane, and the key of the task its owner is inside.
+    word: CachePadded<LaneWord>,
+    tx: Sender<(u64, InlineTask)>,
+    rx: Receiver<(u64, InlineTask)>,
     /// Keys of this lane whose tasks go to a chain: only the lane's owner touches it.
     deferred: Mutex<HashMap<u64, Arc<Deferred>>>,
     /// `deferred.len()`, read on the fast path without the lock (owner only).
     deferred_len: AtomicUsize,
-    /// The chain a thief hands the owner it took the lane from.
-    handoff: Mutex<Option<Arc<Deferred>>>,
 }
 
 struct Shared {
     lanes: Box<[Lane]>,
     done: Completion,
     sleeping: CachePadded<AtomicUsize>,
+    /// Workers spinning for work: a submit wakes nobody while one is (rayon's rule).
+    searching: CachePadded<AtomicUsize>,
     sleepers: Mutex<Vec<usize>>,
     unparkers: Box<[Unparker]>,
+    /// Per worker: the deferral a thief hands the worker it took a lane from.
+    mailboxes: Box<[CachePadded<Mailbox<Deferred>>]>,
     stop: AtomicBool,
 }
 
@@ -132,22 +192,22 @@ impl StealLanes {
                 .map(|_| {
                     let (tx, rx) = unbounded();
                     Lane {
-                        hot: CachePadded::new(LaneHot {
-                            state: AtomicU64::new(pack(0, 0, FREE)),
-                            current: AtomicU64::new(0),
-                        }),
+                        word: CachePadded::new(LaneWord::new()),
                         tx,
                         rx,
                         deferred: Mutex::new(HashMap::new()),
                         deferred_len: AtomicUsize::new(0),
-                        handoff: Mutex::new(None),
                     }
                 })
                 .collect(),
             done: Completion::new(),
             sleeping: CachePadded::new(AtomicUsize::new(0)),
+            searching: CachePadded::new(AtomicUsize::new(0)),
             sleepers: Mutex::new(Vec::new()),
             unparkers: parkers.iter().map(|p| p.unparker().clone()).collect(),
+            mailboxes: (0..workers)
+                .map(|_| CachePadded::new(Mailbox::new()))
+                .collect(),
             stop: AtomicBool::new(false),
         });
         let threads = parkers
@@ -181,7 +241,7 @@ impl Shared {
         }
     }
 
-    fn submit(&self, key: u64, task: Task) {
+    fn submit(&self, key: u64, task: InlineTask) {
         self.done.submitted();
         let lane = &self.lanes[bucket(key, self.lanes.len())];
         if lane.tx.send((key, task)).is_err() {
@@ -192,11 +252,12 @@ impl Shared {
         // with an owner's release (store FREE, fence, re-check its lane): either they see this
         // task or this sees them.
         fence(Ordering::SeqCst);
-        if self.sleeping.load(Ordering::Relaxed) > 0 {
-            let s = lane.hot.state.load(Ordering::Relaxed);
+        if self.sleeping.load(Ordering::Relaxed) > 0 && self.searching.load(Ordering::Relaxed) == 0
+        {
+            let phase = lane.word.phase();
             // Once per backlog: a sleeper that finds the lane progressing polls it from then on.
-            let stuck = phase(s) == RUNNING && lane.rx.len() == WAKE_BACKLOG;
-            if phase(s) == FREE || stuck {
+            let stuck = phase == Phase::Running && lane.rx.len() == WAKE_BACKLOG;
+            if phase == Phase::Free || stuck {
                 self.wake_one();
             }
         }
@@ -222,25 +283,28 @@ enum LeftLane {
 impl WorkerLoop {
     fn run(self) {
         let n = self.shared.lanes.len();
-        let mut next = self.me % n;
+        let workers = self.shared.mailboxes.len();
+        // Home lanes first (a key's data stays on one core while every worker is busy), then
+        // the others (no lane waits while a worker could take it).
+        let (home, away): (Vec<usize>, Vec<usize>) = (0..n).partition(|l| l % workers == self.me);
+        let mut turn = 0;
         loop {
-            if let Some(l) = self.acquire_free(next) {
-                next = match self.serve(l) {
-                    LeftLane::Budget => (l + 1) % n,
-                    _ => l,
-                };
-                continue;
-            }
-            if self.spin_for_work() {
-                continue;
-            }
-            if let Some((l, s)) = self.stuck_lane() {
-                if self.steal(l, s) {
-                    next = match self.serve(l) {
-                        LeftLane::Budget => (l + 1) % n,
-                        _ => l,
-                    };
+            let found = self.acquire_free(&home, turn, &away).or_else(|| {
+                if self.spin_for_work() {
+                    return None;
                 }
+                let (l, w) = self.stuck_lane()?;
+                self.steal(l, w).then_some(l)
+            });
+            if let Some(l) = found {
+                if let (LeftLane::Budget, Some(i)) =
+                    (self.serve(l), home.iter().position(|&h| h == l))
+                {
+                    turn = i + 1;
+                }
+                continue;
+            }
+            if self.free_work() {
                 continue;
             }
             if self.shared.stop.load(Ordering::Acquire) && self.all_empty() {
@@ -254,58 +318,44 @@ impl WorkerLoop {
         self.shared.lanes.iter().all(|l| l.rx.is_empty())
     }
 
-    /// A `FREE` lane with tasks, taken (`OWNED` by this worker), searching from `start`.
-    fn acquire_free(&self, start: usize) -> Option<usize> {
-        let n = self.shared.lanes.len();
-        for i in 0..n {
-            let l = (start + i) % n;
+    /// A `FREE` lane with tasks, taken (`OWNED` by this worker): the home lanes from `turn` on,
+    /// then the others.
+    fn acquire_free(&self, home: &[usize], turn: usize, away: &[usize]) -> Option<usize> {
+        let homes = (0..home.len()).map(|i| home[(turn + i) % home.len()]);
+        homes.chain(away.iter().copied()).find(|&l| {
             let lane = &self.shared.lanes[l];
-            let s = lane.hot.state.load(Ordering::Relaxed);
-            if phase(s) == FREE
+            lane.word.phase() == Phase::Free
                 && !lane.rx.is_empty()
-                && lane
-                    .hot
-                    .state
-                    .compare_exchange(
-                        s,
-                        pack(seq(s), self.me, OWNED),
-                        Ordering::Acquire,
-                        Ordering::Relaxed,
-                    )
-                    .is_ok()
-            {
-                return Some(l);
-            }
-        }
-        None
+                && lane.word.try_acquire(self.me)
+        })
     }
 
     /// Spins a little before sleeping, as a channel's receiver does; `true` if work showed up.
+    ///
+    /// While it spins it counts as searching, and submits wake nobody: it will see their tasks.
+    /// It stops counting before it looks for the last time (a sleeper's registration then
+    /// re-checks, so a submit that saw it searching is not lost).
     fn spin_for_work(&self) -> bool {
+        let searching = &self.shared.searching;
+        searching.fetch_add(1, Ordering::SeqCst);
         let backoff = Backoff::new();
         while !backoff.is_completed() {
-            if self
-                .shared
-                .lanes
-                .iter()
-                .any(|l| phase(l.hot.state.load(Ordering::Relaxed)) == FREE && !l.rx.is_empty())
-            {
+            if self.free_work() {
+                searching.fetch_sub(1, Ordering::SeqCst);
                 return true;
             }
             backoff.snooze();
         }
-        false
+        searching.fetch_sub(1, Ordering::SeqCst);
+        self.free_work()
     }
 
     /// A lane whose owner has been inside one task for [`STEAL_AFTER`] with tasks waiting.
-    fn stuck_lane(&self) -> Option<(usize, u64)> {
+    fn stuck_lane(&self) -> Option<(usize, Watch)> {
         let lanes = &self.shared.lanes;
-        let seen: Vec<Option<u64>> = lanes
+        let seen: Vec<Option<Watch>> = lanes
             .iter()
-            .map(|l| {
-                let s = l.hot.state.load(Ordering::Relaxed);
-                (phase(s) == RUNNING && !l.rx.is_empty()).then_some(s)
-            })
+            .map(|l| l.word.watch().filter(|_| !l.rx.is_empty()))
             .collect();
         if seen.iter().all(Option::is_none) {
             return None;
@@ -314,42 +364,31 @@ impl WorkerLoop {
         while t0.elapsed() < STEAL_AFTER {
             std::hint::spin_loop();
         }
-        seen.iter().enumerate().find_map(|(l, s)| {
-            let s = (*s)?;
-            (lanes[l].hot.state.load(Ordering::Relaxed) == s).then_some((l, s))
+        seen.iter().enumerate().find_map(|(l, w)| {
+            let w = (*w)?;
+            lanes[l].word.is_still(&w).then_some((l, w))
         })
     }
 
-    /// Takes lane `l` from its owner, stuck in the task it started at state `s`.
-    fn steal(&self, l: usize, s: u64) -> bool {
+    /// Takes lane `l` from its owner, stuck in the task `w` saw, deferring that task's key.
+    fn steal(&self, l: usize, w: Watch) -> bool {
         let lane = &self.shared.lanes[l];
-        let mut handoff = lane.handoff.lock().unwrap();
-        // Acquire: the owner's Release store of `RUNNING` (after its write of `current`).
-        if lane
-            .hot
-            .state
-            .compare_exchange(
-                s,
-                pack(seq(s) + 1, self.me, OWNED),
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            )
-            .is_err()
-        {
-            return false;
-        }
-        // The owner writes `current` only after a successful CAS of its own, which now fails.
-        let key = lane.hot.current.load(Ordering::Relaxed);
         let chain = Arc::new(Deferred {
             inner: Mutex::new(DeferredInner {
                 queue: VecDeque::new(),
                 active: true,
             }),
         });
-        *handoff = Some(chain.clone());
-        drop(handoff);
+        // The lane word carries a raw pointer to one strong count; the victim takes it back.
+        let p = NonNull::new(Arc::into_raw(chain.clone()).cast_mut()).expect("non-null");
+        let victim = &self.shared.mailboxes[w.owner()];
+        if let Err(p) = lane.word.try_steal(self.me, &w, victim, p) {
+            // SAFETY: `p` came from `Arc::into_raw` above and was handed back unused.
+            drop(unsafe { Arc::from_raw(p.as_ptr()) });
+            return false;
+        }
         let mut map = lane.deferred.lock().unwrap();
-        let old = map.insert(key, chain);
+        let old = map.insert(w.key_hash() as u64, chain);
         debug_assert!(old.is_none(), "a key running directly has no chain");
         lane.deferred_len.store(map.len(), Ordering::Relaxed);
         true
@@ -359,37 +398,20 @@ impl WorkerLoop {
     /// or it is taken.
     fn serve(&self, l: usize) -> LeftLane {
         let lane = &self.shared.lanes[l];
-        let mut s = lane.hot.state.load(Ordering::Relaxed);
-        debug_assert_eq!(phase(s), OWNED);
         let mut ran = 0;
         loop {
             if ran == BUDGET {
-                lane.hot
-                    .state
-                    .store(pack(seq(s), self.me, FREE), Ordering::Release);
+                lane.word.release(self.me);
                 return LeftLane::Budget;
             }
             let (key, task) = match lane.rx.try_recv() {
                 Ok(item) => item,
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => {
-                    lane.hot
-                        .state
-                        .store(pack(seq(s), self.me, FREE), Ordering::Release);
+                    lane.word.release(self.me);
                     // Pairs with a submit's fence: it sees FREE and wakes someone, or this sees
                     // its task.
                     fence(Ordering::SeqCst);
-                    if !lane.rx.is_empty()
-                        && lane
-                            .hot
-                            .state
-                            .compare_exchange(
-                                pack(seq(s), self.me, FREE),
-                                pack(seq(s), self.me, OWNED),
-                                Ordering::Acquire,
-                                Ordering::Relaxed,
-                            )
-                            .is_ok()
-                    {
+                    if !lane.rx.is_empty() && lane.word.try_acquire(self.me) {
                         continue;
                     }
                     return LeftLane::Empty;
@@ -411,23 +433,14 @@ impl WorkerLoop {
                 map.retain(|_, c| c.inner.lock().unwrap().active);
                 lane.deferred_len.store(map.len(), Ordering::Relaxed);
             }
-            lane.hot.current.store(key, Ordering::Relaxed);
-            lane.hot
-                .state
-                .store(pack(seq(s), self.me, RUNNING), Ordering::Release);
-            task();
+            let run = lane.word.begin(self.me, key as usize);
+            task.run();
             self.shared.done.completed();
-            let next = pack(seq(s) + 1, self.me, OWNED);
-            match lane.hot.state.compare_exchange(
-                pack(seq(s), self.me, RUNNING),
-                next,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => s = next,
-                Err(_) => {
-                    let chain = lane.handoff.lock().unwrap().take();
-                    let chain = chain.expect("a thief leaves a chain for the key it deferred");
+            match lane.word.end(run, &self.shared.mailboxes[self.me]) {
+                Ended::Kept => {}
+                Ended::Stolen(p) => {
+                    // SAFETY: the thief made `p` with `Arc::into_raw` and gave up its claim.
+                    let chain = unsafe { Arc::from_raw(p.as_ptr().cast_const()) };
                     self.run_deferred(&chain);
                     return LeftLane::Stolen;
                 }
@@ -448,7 +461,7 @@ impl WorkerLoop {
                     }
                 }
             };
-            task();
+            task.run();
             self.shared.done.completed();
         }
     }
@@ -457,13 +470,14 @@ impl WorkerLoop {
         self.shared
             .lanes
             .iter()
-            .any(|l| phase(l.hot.state.load(Ordering::Relaxed)) == FREE && !l.rx.is_empty())
+            .any(|l| l.word.phase() == Phase::Free && !l.rx.is_empty())
     }
 
     fn backlog_behind_a_task(&self) -> bool {
-        self.shared.lanes.iter().any(|l| {
-            phase(l.hot.state.load(Ordering::Relaxed)) == RUNNING && l.rx.len() >= WAKE_BACKLOG
-        })
+        self.shared
+            .lanes
+            .iter()
+            .any(|l| l.word.phase() == Phase::Running && l.rx.len() >= WAKE_BACKLOG)
     }
 
     /// Leaves the sleepers' list if a waker has not already taken this worker off it.
@@ -505,12 +519,12 @@ impl KeyedExecutor for StealLanes {
     where
         F: FnOnce() + Send + 'static,
     {
-        self.shared.submit(key, Box::new(task));
+        self.shared.submit(key, InlineTask::new(task));
     }
 
     #[inline]
     fn submit_boxed(&self, key: u64, task: Task) {
-        self.shared.submit(key, task);
+        self.shared.submit(key, InlineTask::new(task));
     }
 
     fn wait_idle(&self, timeout: Duration) -> bool {
@@ -534,6 +548,47 @@ impl Drop for StealLanes {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicU32;
+
+    /// A value that counts its drops.
+    struct Counted(Arc<AtomicU32>);
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn inline_tasks_run_or_drop_exactly_once_small_or_boxed() {
+        let ran = Arc::new(AtomicU32::new(0));
+        let drops = Arc::new(AtomicU32::new(0));
+        let small = {
+            let (ran, c) = (ran.clone(), Counted(drops.clone()));
+            InlineTask::new(move || {
+                let _c = c;
+                ran.fetch_add(1, Ordering::Relaxed);
+            })
+        };
+        let big = {
+            let (ran, c, pad) = (ran.clone(), Counted(drops.clone()), [7u64; 8]);
+            InlineTask::new(move || {
+                let _c = c;
+                ran.fetch_add(pad.iter().sum::<u64>() as u32, Ordering::Relaxed);
+            })
+        };
+        let unrun = {
+            let c = Counted(drops.clone());
+            InlineTask::new(move || drop(c))
+        };
+        small.run();
+        big.run();
+        drop(unrun);
+        assert_eq!(ran.load(Ordering::Relaxed), 1 + 56);
+        assert_eq!(
+            drops.load(Ordering::Relaxed),
+            3,
+            "each closure dropped once"
+        );
+    }
 
     /// One lane, two workers: a task that blocks its owner must not hold back the lane's other
     /// keys, and the blocked key's later tasks still run after it, in order.
@@ -563,10 +618,16 @@ mod tests {
         // Every fast task runs while key 0's first task is still blocked.
         let t0 = Instant::now();
         while fast_done.load(Ordering::Relaxed) < 100 {
-            assert!(t0.elapsed() < Duration::from_secs(10), "fast keys waited behind key 0");
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "fast keys waited behind key 0"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert!(log.lock().unwrap().is_empty(), "key 0 ran past its blocked task");
+        assert!(
+            log.lock().unwrap().is_empty(),
+            "key 0 ran past its blocked task"
+        );
         release_tx.send(()).unwrap();
         assert!(exec.wait_idle(Duration::from_secs(10)));
         assert_eq!(*log.lock().unwrap(), vec![0, 1, 2, 3]);
