@@ -36,7 +36,7 @@ MODES:
 READING THE TABLES:
   Each workload gets one table per mode. The ratio column is row / keyserial on the table's first
   metric. The last line names the winner (every row but inline, the work's own cost, and the
-  fifo_tickets prototype) and gives
+  fifo_tickets and steal_lanes prototypes) and gives
   keyserial / the best ORDERED contender (thread_per_key, lanes, striped, tokio_actor; the
   unordered pool keeps no order): for throughput >= 1.00 is a win, for times <= 1.00 is. A summary
   of those ratios against issue 14's targets ends the run.
@@ -44,6 +44,9 @@ READING THE TABLES:
   fifo_tickets is not a baseline: it is a prototype of a proposed keyserial design (tasks in one
   global FIFO in submission order, per-key order by tickets; see BENCHMARKS.md). It is shown to
   measure that design beside today's, and skipped above 100,000 keys (it never frees a key).
+  steal_lanes is another prototype: keys hashed onto lanes that any worker may serve, where an
+  idle worker takes a lane whose owner is stuck in one task and defers only that task's key
+  (keyserial_core::lane; see BENCHMARKS.md).
 
 Every keyed run is checked: per key, tasks must start in submission order and never overlap, and
 every submitted task must run. The program exits with status 1 if any ordered executor violated
