@@ -9,7 +9,9 @@
 //! an integrated version would pay per task:
 //!
 //! - **Lanes.** `lanes` FIFOs of `(key, task)` (crossbeam channels, read in submission order); a
-//!   key is hashed onto one lane for ever. Lanes are not tied to threads: a worker *owns* at most
+//!   key is hashed onto one lane for ever; a task is stored in the slot itself when it fits in
+//!   [`INLINE_WORDS`] words ([`InlineTask`]), so a closure costs no allocation (BENCHMARKS.md
+//!   measures what this costs boxed mode: the slots grow). Lanes are not tied to threads: a worker *owns* at most
 //!   one lane at a time and pops it alone; `workers` threads serve the lanes.
 //! - **A lane's ownership word** is `keyserial_core::lane::Lane` (its protocol, the handoff and
 //!   the loom models are there): `FREE`, `OWNED` (its owner is popping) and `RUNNING` (its owner
@@ -45,7 +47,9 @@
 //!
 //! Left out, because they do not change the cost of the paths measured: per-key state for the
 //! contract's other submit kinds (latest, distinct, permits), panics, a bound, shutdown's
-//! hand-back. The deferral map is a mutex-guarded `HashMap` that only a lane's owner touches.
+//! hand-back. The deferral map is a mutex-guarded `HashMap` that only a lane's owner touches;
+//! while it is not empty the owner locks it (and sweeps out finished chains) on every pop of
+//! that lane, a cost an integrated version would avoid (sweep only on a hit).
 
 use std::collections::{HashMap, VecDeque};
 use std::mem::{ManuallyDrop, MaybeUninit};
@@ -63,7 +67,7 @@ use keyserial_core::lane::{Ended, Lane as LaneWord, Mailbox, Phase, Watch};
 use crate::exec::{bucket, Completion, KeyedExecutor, Task};
 
 /// Words of closure an [`InlineTask`] holds without a box.
-const INLINE_WORDS: usize = 3;
+pub const INLINE_WORDS: usize = 3;
 
 /// A task stored in the lane's slot itself when it fits in [`INLINE_WORDS`] words (a
 /// pre-boxed `Task` always does: it is two words), boxed otherwise: a submitted closure costs no
