@@ -1,5 +1,5 @@
-//! A key's state in the table (its chain, idle word, distinct flag and latest slot), and what a
-//! ready queue carries: a key's chain or an unkeyed task.
+//! A key's state in the table (its chain, idle word and latest slot), and what a ready queue
+//! carries: a key's chain or an unkeyed task.
 
 use std::ptr::NonNull;
 
@@ -7,28 +7,29 @@ use keyserial_core::chain::Chain;
 use keyserial_core::table::{Entry, Retire};
 
 use crate::idle_word::IdleWord;
+use crate::lanes::TrackToken;
 use crate::latest::LatestSlot;
-use crate::sync::AtomicBool;
 use crate::task::{Abandon, Header, TaskRef};
 
-/// Per-key state: the key's chain plus what the executor keeps per key.
+/// Per-key state of a *tracked* key (`lanes.rs`): the key's chain plus what the executor keeps
+/// per key.
 pub(crate) struct KeyState {
     pub(crate) chain: Chain<Header>,
-    /// A `submit_distinct` task of this key is queued and not started.
-    pub(crate) distinct: AtomicBool,
     /// Idle bookkeeping (see `idle_word.rs`).
     pub(crate) idle: IdleWord,
     /// The `submit_latest` coalescing slot (see `latest.rs`).
     pub(crate) latest: LatestSlot<Header>,
+    /// Counts the key in its lane's tracked keys while the state lives.
+    _track: TrackToken,
 }
 
 impl KeyState {
-    pub(crate) fn new() -> KeyState {
+    pub(crate) fn new(track: TrackToken) -> KeyState {
         KeyState {
             chain: Chain::new(),
-            distinct: AtomicBool::new(false),
             idle: IdleWord::new(),
             latest: LatestSlot::new(Header::marker()),
+            _track: track,
         }
     }
 

@@ -59,6 +59,7 @@ pub struct LatestSlot<N: Linked> {
 }
 
 /// What a submitter should do with a latest task after [`LatestSlot::offer`].
+#[allow(dead_code)] // the executor's latest tasks moved to `latest_cells.rs`; loom models still use it
 pub enum Offer<N> {
     /// It replaced this older task, which the caller now owns and must abandon as superseded.
     Replaced(NonNull<N>),
@@ -94,6 +95,7 @@ impl<N: Linked> LatestSlot<N> {
     }
 
     /// A submitter offers `task` (an unpublished node it owns) for the key of `chain`.
+    #[allow(dead_code)]
     pub fn offer(&self, chain: &Chain<N>, task: NonNull<N>) -> Offer<N> {
         let mut cur = self.slot.load(Ordering::Acquire);
         loop {

@@ -153,6 +153,8 @@
 
 mod builder;
 mod capacity;
+mod claims;
+mod deferral;
 mod distinct;
 mod error;
 #[cfg(test)]
@@ -162,12 +164,15 @@ mod handle;
 mod idle;
 mod idle_word;
 mod key;
+mod lanes;
 mod latest;
+mod latest_cells;
 mod nodes;
 mod pending;
 mod permit_wait;
 mod permits;
 mod phase;
+mod route;
 mod semaphore;
 mod serializer;
 mod shared;

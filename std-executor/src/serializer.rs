@@ -1,20 +1,22 @@
 //! The serializer: the public face of keyserial.
 
 use std::fmt;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_deque::Worker;
-use keyserial_core::chain::{Pushed, Retired};
+use keyserial_core::lane::Phase as LanePhase;
 
 use crate::builder::Builder;
+use crate::deferral::Deferral;
 use crate::error::{BuildError, RejectReason, Rejected};
 use crate::handle::{JoinState, OriginCheck, TaskHandle};
-use crate::key::{KeyEntry, KeyState, Runnable};
-use crate::latest::Offer;
+use crate::key::{KeyEntry, Runnable};
+use crate::lanes::{Item, STOPPER};
+use crate::latest_cells::Offered;
 use crate::pending::PendingTask;
 use crate::phase::Stopped;
 use crate::semaphore::Semaphore;
@@ -448,68 +450,40 @@ where
             ticket.admit();
             return Ok(());
         };
-        // Keep-first: a `submit_distinct` claims the key's flag (on each fresh chain it meets).
-        let claims_distinct = |entry: &KeyEntry<K>| {
-            kind != Kind::Distinct
-                || entry
-                    .value()
-                    .distinct
-                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-        };
-        let guard = crossbeam_epoch::pin();
-        let mut entry = self.entry_for(&key, &guard);
-        if !claims_distinct(entry) {
+        // Keep-first: a `submit_distinct` claims its key until its task starts (`claims.rs`).
+        let hash = sh.table.hasher().hash_one(&key);
+        if kind == Kind::Distinct && !sh.claims.claim(&key, hash) {
             drop(ticket);
             release_cap();
             return refuse(RejectReason::Duplicate, None);
         }
-        let mut node = build().into_raw();
-        loop {
-            let ks = entry.value();
-            let push = match kind {
-                Kind::Latest => match ks.latest.offer(&ks.chain, node) {
-                    Offer::Replaced(old) => {
-                        // SAFETY: winning the replacement made us the old node's unique owner.
-                        unsafe { TaskRef::from_raw(old) }.abandon(Abandon::Superseded);
-                        sh.dropped_outside.fetch_add(1, Ordering::AcqRel);
-                        release_cap();
-                        break;
-                    }
-                    Offer::PushMarker(marker) => marker,
-                    Offer::Plain(node) => node,
-                },
-                _ => node,
+        let task = build();
+        // Every keyed task enters through its key's lane, in submission order (`lanes.rs`); a
+        // latest task may instead replace its key's pending one (`latest_cells.rs`).
+        let phase = if kind == Kind::Latest {
+            let mut seen = LanePhase::Owned;
+            let push = |cell| {
+                seen = sh.lanes.push(Item {
+                    key: key.clone(),
+                    hash,
+                    task: cell,
+                })
             };
-            // SAFETY: a live task node we own (given up by `into_raw`, or handed back by a bounced
-            // push) or the key's marker, pushed only by its claimer (us): queued nowhere else; the
-            // chain hands it to its owner or `Header::drop_queued` (a no-op for the marker).
-            match unsafe { ks.chain.push(push) } {
-                Ok(Pushed::Activated) => {
-                    sh.schedule(Runnable::Chain(NonNull::from(entry)), local);
-                    break;
-                }
-                Ok(Pushed::Queued) => break,
-                Err(Retired(back)) => {
-                    // The key was released under us: take back what we pushed (from the slot, if
-                    // it was the marker) and retry on the key's fresh chain.
-                    node = if ks.latest.is_marker(back) {
-                        ks.latest.unclaim()
-                    } else {
-                        back
-                    };
-                    entry = self.entry_for(&key, &guard);
-                    if !claims_distinct(entry) {
-                        drop(ticket);
-                        release_cap();
-                        // SAFETY: the node was never published, so it is still ours.
-                        let node = unsafe { TaskRef::from_raw(node) };
-                        return refuse(RejectReason::Duplicate, Some(node));
-                    }
-                }
+            if let Offered::Replaced(old) = sh.latest.offer(&key, hash, task, push) {
+                old.abandon(Abandon::Superseded);
+                sh.dropped_outside.fetch_add(1, Ordering::AcqRel);
+                release_cap();
+                ticket.admit();
+                return Ok(());
             }
-        }
+            seen
+        } else {
+            let phase = sh.lanes.push(Item { key, hash, task });
+            sh.latest.seal(hash);
+            phase
+        };
         ticket.admit();
+        sh.pushed(phase);
         Ok(())
     }
 
@@ -530,15 +504,6 @@ where
     #[cfg(not(debug_assertions))]
     #[inline(always)]
     fn origin_of(&self, _key: Option<&K>, _kind: Kind) -> OriginCheck {}
-
-    fn entry_for<'g>(&'g self, key: &K, guard: &'g crossbeam_epoch::Guard) -> &'g KeyEntry<K> {
-        let table = &self.shared.table;
-        // A live key is found by the plain walk; only a new key pays for the insert's path.
-        match table.get(key, guard) {
-            Some(entry) if !entry.value().chain.is_retired() => entry,
-            _ => table.get_or_insert_cloned(key, KeyState::new, guard),
-        }
-    }
 
     /// Stops accepting tasks; queued tasks still run. Idempotent; returns at once (see
     /// [`await_termination`](Self::await_termination)).
@@ -585,15 +550,21 @@ where
         self.shutdown();
         sh.gate.wait_idle();
         let mut out: Vec<PendingTask<K>> = Vec::new();
-        // 1. Workers: stop each one; steal the chains of those inside a task (phase.rs).
-        for slot in sh.slots.iter() {
-            if slot.phase.stop() == Stopped::Stole {
-                let e = slot.current.load(Ordering::Relaxed);
-                if let Some(e) = NonNull::new(e as *mut KeyEntry<K>) {
-                    self.drain_into(e, &mut out);
-                }
-            }
+        // 1. Workers: stop each one; steal the chains of those inside a task (phase.rs). Every
+        //    worker is stopped before any chain is drained: a worker routing a lane's items
+        //    pushes onto chains until it stops.
+        let stolen: Vec<NonNull<KeyEntry<K>>> = sh
+            .slots
+            .iter()
+            .filter(|slot| slot.phase.stop() == Stopped::Stole)
+            .filter_map(|slot| NonNull::new(slot.current.load(Ordering::Relaxed) as *mut _))
+            .collect();
+        for e in stolen {
+            self.drain_into(e, &mut out);
         }
+        // What workers handed back of the chains they held (they do so before going idle,
+        // which `stop` waited for).
+        out.append(&mut lock(&sh.handback));
         // 2. Chains parked on permits.
         for e in crate::permits::steal_all(sh) {
             self.drain_into(e, &mut out);
@@ -611,7 +582,49 @@ where
                 take(r);
             }
         }
-        // 4. What workers handed back themselves.
+        // Per key, a lane's items come after the key's chain. First what workers held of a
+        // lane or a deferral when they stopped (a deferral's runner hands back the item it
+        // took before the rest of the deferral, which the lane's owner or step 4 takes).
+        out.append(&mut lock(&sh.handback_lanes));
+        // 4. The lanes (lanes.rs), each taken for good: a free one at once, one whose owner is
+        //    inside a task by a steal that offers the owner "stop" instead of a deferral. An
+        //    owned one is being handed back by its owner (stopped above), who then releases
+        //    it. A lane's deferred items come before its queued ones: they were popped first.
+        if !sh.lanes.stopped.swap(true, Ordering::AcqRel) {
+            for l in 0..sh.lanes.len() {
+                let lane = sh.lanes.get(l);
+                let backoff = crossbeam_utils::Backoff::new();
+                loop {
+                    let taken = match lane.word.phase() {
+                        LanePhase::Free => lane.word.try_acquire(STOPPER),
+                        LanePhase::Running => lane.word.watch().is_some_and(|w| {
+                            sh.mailboxes.get(w.owner()).is_some_and(|victim| {
+                                lane.word
+                                    .try_steal(STOPPER, &w, victim, Deferral::stop_sentinel())
+                                    .is_ok()
+                            })
+                        }),
+                        LanePhase::Owned => false,
+                    };
+                    if taken {
+                        break;
+                    }
+                    crate::sync::snooze(&backoff);
+                }
+                let mut items = lane.deferrals.take_all();
+                while let Some(item) = lane.queue.pop() {
+                    items.push(item);
+                }
+                out.extend(
+                    items
+                        .into_iter()
+                        .map(|i| PendingTask::new(Some(i.key), i.task)),
+                );
+            }
+        }
+        // 5. What workers handed back meanwhile: the lanes whose owner left a task after step
+        //    1 (step 4 waited for their release).
+        out.append(&mut lock(&sh.handback_lanes));
         out.append(&mut lock(&sh.handback));
         sh.handed_back.fetch_add(out.len() as u64, Ordering::AcqRel);
         if let Some(c) = &sh.capacity {
@@ -876,7 +889,11 @@ where
         }
         let Some(entry) = NonNull::new(slot.current.load(Ordering::Relaxed) as *mut KeyEntry<K>)
         else {
-            return false; // an unkeyed task
+            // A task run straight from a lane or a deferral (its key), or an unkeyed one (0).
+            let direct = slot.direct_key.load(Ordering::Relaxed) as *const K;
+            // SAFETY: this thread's worker stored the address of the running task's key, which
+            // lives in its stack frame until the task returns; we are inside that task.
+            return !direct.is_null() && unsafe { &*direct } == &self.key;
         };
         // SAFETY: this thread's worker runs a task of this entry's chain (RUNNING, set here), so
         // the chain is active and the entry live; a stolen active chain's entry is freed only

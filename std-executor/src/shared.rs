@@ -8,9 +8,15 @@ use crossbeam_deque::Injector;
 use crossbeam_utils::CachePadded;
 use keyserial_core::table::Table;
 
+use keyserial_core::lane::{Mailbox, Phase as LanePhase};
+
 use crate::capacity::Capacity;
+use crate::claims::Claims;
+use crate::deferral::Deferral;
 use crate::gate::Gate;
 use crate::key::{IdleItem, KeyState, Runnable};
+use crate::lanes::Lanes;
+use crate::latest_cells::LatestCells;
 use crate::nodes::Recycled;
 use crate::pending::PendingTask;
 use crate::permit_wait::PermitWaits;
@@ -39,6 +45,14 @@ pub(crate) struct Shared<K> {
     /// Where outside submitters and yielding chains queue runnables: any worker takes from it
     /// (see `worker.rs`, "Finding work").
     pub(crate) global: CachePadded<Injector<Runnable<K>>>,
+    /// Where every keyed submission goes first (`lanes.rs`).
+    pub(crate) lanes: Lanes<K>,
+    /// Per worker slot: the deferral a thief hands the worker it took a lane from.
+    pub(crate) mailboxes: Box<[CachePadded<Mailbox<Deferral<K>>>]>,
+    /// `submit_distinct`'s claims (`claims.rs`).
+    pub(crate) claims: Claims<K>,
+    /// `submit_latest`'s pending tasks (`latest_cells.rs`).
+    pub(crate) latest: LatestCells<K>,
     pub(crate) slots: Box<[Slot<K>]>,
     pub(crate) sleep: Sleep,
     pub(crate) gate: Gate,
@@ -50,6 +64,9 @@ pub(crate) struct Shared<K> {
     pub(crate) live_workers: AtomicUsize,
     /// Tasks handed back by `shutdown_now` or by workers that met the stop flag.
     pub(crate) handback: Mutex<Vec<PendingTask<K>>>,
+    /// The same for items a worker held of a lane or a deferral (kept apart: per key, they come
+    /// after the key's chain).
+    pub(crate) handback_lanes: Mutex<Vec<PendingTask<K>>>,
     pub(crate) handed_back: AtomicU64,
     /// Tasks resolved without running outside a worker (a permit wait on a closed semaphore).
     pub(crate) dropped_outside: AtomicU64,
@@ -95,11 +112,17 @@ where
                 local: Mutex::new(Some(o)),
                 phase: CachePadded::new(Phase::new()),
                 current: AtomicUsize::new(0),
+                #[cfg(debug_assertions)]
+                direct_key: AtomicUsize::new(0),
                 counters: CachePadded::new(Counters::default()),
                 alive: AtomicBool::new(false),
             })
             .collect();
         let gate_words = (slots.len() * 2).next_power_of_two().max(8);
+        let lanes = (config.workers * 2).next_power_of_two();
+        let mailboxes = (0..slots.len())
+            .map(|_| CachePadded::new(Mailbox::new()))
+            .collect();
         Shared {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             table: Table::with_hasher_and_collector(
@@ -107,6 +130,10 @@ where
                 crossbeam_epoch::default_collector().clone(),
             ),
             global: CachePadded::new(Injector::new()),
+            lanes: Lanes::new(lanes),
+            mailboxes,
+            claims: Claims::new(),
+            latest: LatestCells::new(),
             slots,
             sleep: Sleep::new(unparkers),
             gate: Gate::new(gate_words),
@@ -115,6 +142,7 @@ where
             stop: AtomicBool::new(false),
             live_workers: AtomicUsize::new(0),
             handback: Mutex::new(Vec::new()),
+            handback_lanes: Mutex::new(Vec::new()),
             handed_back: AtomicU64::new(0),
             dropped_outside: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
@@ -143,6 +171,17 @@ where
             None => self.global.push(r),
         }
         self.notify();
+    }
+
+    /// An item was pushed onto a lane that was in `phase` right after the push: wake a worker
+    /// if the lane needs one (see "Waking for a push" in `lanes.rs`).
+    pub(crate) fn pushed(&self, phase: LanePhase) {
+        if phase == LanePhase::Free || self.lanes.deep.load(Ordering::SeqCst) > 0 {
+            self.notify();
+        } else if self.config.max_workers > self.config.workers && !self.sleep.has_idle_worker() {
+            // Queued behind an owner while no worker is idle: the owner may be stuck.
+            self.starving();
+        }
     }
 
     /// Something became runnable: wake a sleeper if nobody is searching; if every worker is
@@ -184,9 +223,12 @@ where
         self.gate.admitted().saturating_sub(finished)
     }
 
-    /// `true` if any queue visibly holds something runnable.
+    /// `true` if any queue visibly holds something to run (a lane's items count even behind
+    /// a busy owner, who may be stuck in a task).
     pub(crate) fn has_visible_work(&self) -> bool {
-        !self.global.is_empty() || self.slots.iter().any(|s| !s.stealer.is_empty())
+        !self.global.is_empty()
+            || self.slots.iter().any(|s| !s.stealer.is_empty())
+            || self.lanes.queued_anywhere()
     }
 
     /// Marks termination once the last worker has exited after shutdown.

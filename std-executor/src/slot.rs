@@ -34,6 +34,11 @@ pub(crate) struct Slot<K> {
     pub(crate) phase: CachePadded<Phase>,
     /// The entry whose chain the slot's worker is running (valid while `RUNNING`).
     pub(crate) current: AtomicUsize,
+    /// Debug builds: the key of the task the worker runs straight from a lane or a deferral
+    /// (valid while `RUNNING`, read only by the worker's own thread; for `TaskHandle::join`'s
+    /// same-key check).
+    #[cfg(debug_assertions)]
+    pub(crate) direct_key: AtomicUsize,
     pub(crate) counters: CachePadded<Counters>,
     /// A thread currently owns this slot.
     pub(crate) alive: AtomicBool,

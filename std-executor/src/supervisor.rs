@@ -42,11 +42,25 @@ where
             return;
         }
         let starved = sh.starved_since.load(Ordering::Acquire);
-        let wait = if starved != 0 { 2 } else { 200 };
+        // While lanes hold items, look often: an owner may get stuck in a task after the
+        // submits behind it found it busy (and so stamped nothing).
+        let wait = if starved != 0 {
+            2
+        } else if sh.lanes.queued_anywhere() {
+            5
+        } else {
+            200
+        };
         drop(sh);
         parker.park_timeout(Duration::from_millis(wait));
         let Some(sh) = weak.upgrade() else { return };
         let starved = sh.starved_since.load(Ordering::Acquire);
+        if starved == 0 && !sh.lanes.watch_busy().is_empty() && !sh.sleep.has_idle_worker() {
+            // Items wait behind an owner inside a task, and no worker is idle to take the
+            // lane over: start the clock.
+            sh.starving();
+            continue;
+        }
         if starved == 0 || sh.now_ms().saturating_sub(starved) < STARVED_MS {
             continue;
         }

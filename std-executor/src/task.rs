@@ -37,6 +37,8 @@ pub(crate) enum Kind {
     /// A key's latest-slot marker (`latest.rs`): stands for the task in the slot; never run or
     /// freed itself.
     Marker,
+    /// A lane item standing for a key's pending `submit_latest` task (`latest_cells.rs`).
+    LatestCell,
 }
 
 /// Why a task is abandoned without running.

@@ -1,6 +1,28 @@
 //! Worker threads: find a runnable, drain a key's chain under the fairness budget, release or
 //! requeue it, retire idle keys, sleep without losing wakeups, and stop cleanly.
 //!
+//! # Lanes first
+//!
+//! Every keyed submission arrives in a lane (`lanes.rs`). A worker takes a `FREE` lane with items
+//! (its home lanes first: lane `l` belongs to core worker `l % workers`, so while every worker is
+//! busy a key's data stays on one core), pops and routes its items (`route.rs`), and releases it
+//! when it is empty or after `4 * fairness_budget` tasks run from it. A worker alternates between
+//! lanes and the ready queues below (where tracked keys' chains and unkeyed tasks wait), so
+//! neither starves the other.
+//!
+//! An idle worker takes over a lane whose owner has sat inside one task for `STEAL_AFTER` with
+//! items waiting, deferring only that task's key (`deferral.rs`); a busy worker does the same,
+//! between its own turns, for a lane it saw inside the same task at its previous look. The stolen
+//! owner runs the deferral when its task returns.
+//!
+//! # Fairness in a lane
+//!
+//! A lane is a FIFO shared by many keys, so a key with a deep backlog would hold back the keys
+//! queued behind it. When one key has run `fairness_budget` tasks in a row from a lane and more
+//! items wait, its next items go onto its chain instead (the key becomes tracked): routing them is
+//! a push each, the owner reaches the other keys' items at once, and the hot key's chain runs from
+//! the ready queues under the fairness budget like any chain.
+//!
 //! # Finding work
 //!
 //! Outside submitters (and chains yielding after their fairness budget) put a runnable on the
@@ -54,6 +76,11 @@ use std::time::Duration;
 
 use crossbeam_deque::{Steal, Worker};
 use crossbeam_utils::Backoff;
+use keyserial_core::lane::{Ended, Watch};
+
+use crate::deferral::Deferral;
+use crate::lanes::{Item, POLL, STEAL_AFTER};
+use crate::route::{route, Route};
 
 use crate::idle::IdleKeys;
 use crate::key::{KeyEntry, Runnable};
@@ -144,6 +171,15 @@ struct WorkerLoop<'a, K> {
     /// Keys released here, waiting for their idle timeout (`idle.rs`).
     idle: IdleKeys<K>,
     searching: bool,
+    /// Its home lanes, `(index, workers)`: lanes `l` with `l % workers == index` (core workers
+    /// only), served first so that a key's data stays on one core while every worker is busy.
+    home: Option<(usize, usize)>,
+    /// Rotates the home lane served first.
+    turn: usize,
+    /// Each lane as seen inside a task with items waiting, at the last look (`watched_at`); see
+    /// "Finding work".
+    watched: Vec<Option<Watch>>,
+    watched_at: std::time::Instant,
     tick: u32,
     now: u64,
     /// Each slot's `started` count at the previous periodic check (see "Finding work").
@@ -152,6 +188,23 @@ struct WorkerLoop<'a, K> {
 
 enum After {
     Continue,
+    Exit,
+}
+
+/// What a worker found to do.
+enum Work<K> {
+    /// A lane it now owns.
+    Lane(usize),
+    Run(Runnable<K>),
+}
+
+/// How a task run straight from a lane (or a deferral) ended for the worker.
+enum Direct {
+    /// Go on with the lane (or deferral).
+    Continue,
+    /// The lane was taken while the task ran (and the deferral it brought has been run).
+    LaneLost,
+    /// `shutdown_now`: what the worker held is handed back; stop.
     Exit,
 }
 
@@ -167,6 +220,10 @@ where
             owned: Some(owned),
             idle: IdleKeys::new(),
             searching: true,
+            home: (index < shared.config.workers).then_some((index, shared.config.workers)),
+            turn: 0,
+            watched: vec![None; shared.lanes.len()],
+            watched_at: std::time::Instant::now(),
             tick: 0,
             now: shared.now_ms(),
             seen: vec![0; shared.slots.len()],
@@ -199,9 +256,12 @@ where
             // Stay BUSY from one runnable to the next: the phase goes back to IDLE only when
             // the search comes back empty (a STOP meanwhile is seen by `enter_running`, which
             // then hands back what was found).
-            while let Some(r) = self.find_work() {
+            while let Some(w) = self
+                .find_work()
+                .or_else(|| self.steal_stuck_lane().map(Work::Lane))
+            {
                 spins = 0;
-                if let After::Exit = self.found(r) {
+                if let After::Exit = self.found(w) {
                     return;
                 }
                 idle_since = self.now;
@@ -232,8 +292,8 @@ where
             if !self.enter_busy() {
                 return;
             }
-            if let Some(r) = self.find_work() {
-                if let After::Exit = self.found(r) {
+            if let Some(w) = self.find_work() {
+                if let After::Exit = self.found(w) {
                     return;
                 }
                 idle_since = self.now;
@@ -257,11 +317,7 @@ where
             // Our pending slab count would otherwise keep a slab alive while we sleep.
             crate::nodes::flush();
             let timeout = self.park_timeout(idle_since);
-            self.owned
-                .as_ref()
-                .expect("parker")
-                .parker
-                .park_timeout(timeout);
+            self.park(timeout);
             self.shared.sleep.woke(self.index);
             self.searching = true;
             self.now = self.shared.now_ms();
@@ -276,6 +332,25 @@ where
                 }
             }
         }
+    }
+
+    /// Parks for at most `timeout`; only for [`POLL`] while a lane has items queued behind an
+    /// owner, who may get stuck in a task (see "Waking for a push" in `lanes.rs`).
+    fn park(&self, timeout: Duration) {
+        let parker = &self.owned.as_ref().expect("parker").parker;
+        let lanes = &self.shared.lanes;
+        if lanes.queued_anywhere() {
+            parker.park_timeout(timeout.min(POLL));
+            return;
+        }
+        // A deep sleep: register first, then look once more (pairs with a push's fence).
+        lanes.deep.fetch_add(1, Ordering::SeqCst);
+        if lanes.queued_anywhere() {
+            parker.park_timeout(timeout.min(POLL));
+        } else {
+            parker.park_timeout(timeout);
+        }
+        lanes.deep.fetch_sub(1, Ordering::SeqCst);
     }
 
     fn park_timeout(&self, idle_since: u64) -> Duration {
@@ -319,7 +394,7 @@ where
         self.slot.phase.leave_busy()
     }
 
-    fn found(&mut self, r: Runnable<K>) -> After {
+    fn found(&mut self, w: Work<K>) -> After {
         if std::mem::take(&mut self.searching)
             && self.shared.sleep.stop_searching()
             && self
@@ -332,9 +407,10 @@ where
             // is idle, tell the elastic pool that every worker is busy while work waits.
             self.shared.starving();
         }
-        let after = match r {
-            Runnable::Chain(entry) => self.run_chain(entry),
-            Runnable::Task(task) => self.run_unkeyed(task),
+        let after = match w {
+            Work::Lane(l) => self.serve(l),
+            Work::Run(Runnable::Chain(entry)) => self.run_chain(entry),
+            Work::Run(Runnable::Task(task)) => self.run_unkeyed(task),
         };
         self.tick = self.tick.wrapping_add(1);
         if self.tick % 64 == 0 {
@@ -347,7 +423,36 @@ where
         after
     }
 
-    fn find_work(&mut self) -> Option<Runnable<K>> {
+    /// A lane to serve or a runnable, lanes and ready queues first in turn (neither starves
+    /// the other).
+    fn find_work(&mut self) -> Option<Work<K>> {
+        if let Some(l) = self.lane_stuck_since_last_look() {
+            return Some(Work::Lane(l));
+        }
+        let lanes_first = self.tick % 2 == 0;
+        if lanes_first {
+            if let Some(l) = self.acquire_lane() {
+                return Some(Work::Lane(l));
+            }
+        }
+        if let Some(r) = self.find_runnable() {
+            return Some(Work::Run(r));
+        }
+        if !lanes_first {
+            if let Some(l) = self.acquire_lane() {
+                return Some(Work::Lane(l));
+            }
+        }
+        None
+    }
+
+    fn acquire_lane(&self) -> Option<usize> {
+        self.shared
+            .lanes
+            .acquire_free(self.index, self.home, self.turn)
+    }
+
+    fn find_runnable(&mut self) -> Option<Runnable<K>> {
         self.tick = self.tick.wrapping_add(1);
         let deque = &self.owned.as_ref()?.deque;
         let global = &self.shared.global;
@@ -400,6 +505,217 @@ where
         match self.slot.phase.leave_running() {
             AfterTask::Continue => After::Continue,
             AfterTask::Stolen | AfterTask::HandBack => After::Exit,
+        }
+    }
+
+    /// Serves lane `l`, which this worker owns: pops and routes its items until the lane is
+    /// empty, the budget is spent, or the lane is taken while a task runs.
+    fn serve(&mut self, l: usize) -> After {
+        let sh = self.shared;
+        let lane = sh.lanes.get(l);
+        let fair = sh.config.fairness_budget;
+        let budget = fair.saturating_mul(4);
+        let mut ran = 0;
+        // The key hash of the last task run here, and how many ran in a row.
+        let mut streak = (0u64, 0usize);
+        loop {
+            if ran >= budget {
+                lane.word.release(self.index);
+                self.turn = self.turn.wrapping_add(1);
+                return After::Continue;
+            }
+            let Some(item) = lane.queue.pop() else {
+                lane.word.release(self.index);
+                // Pairs with a push's fence (lanes.rs, "Waking for a push").
+                std::sync::atomic::fence(Ordering::SeqCst);
+                if !lane.queue.is_empty() && lane.word.try_acquire(self.index) {
+                    continue;
+                }
+                return After::Continue;
+            };
+            let Some(item) = lane.deferrals.divert(item) else {
+                continue;
+            };
+            // A key that ran `fairness_budget` tasks in a row while others wait in the lane
+            // moves onto its chain (see "Fairness in a lane").
+            let hot = streak.0 == item.hash && streak.1 >= fair && !lane.queue.is_empty();
+            let local = self.owned.as_ref().map(|o| &o.deque);
+            let item = match route(sh, item, local, hot) {
+                Route::Direct(item) => item,
+                Route::Queued => continue,
+            };
+            ran += 1;
+            streak = if streak.0 == item.hash {
+                (item.hash, streak.1 + 1)
+            } else {
+                (item.hash, 1)
+            };
+            match self.run_direct(Some(l), item) {
+                Direct::Continue => {}
+                Direct::LaneLost => return After::Continue,
+                Direct::Exit => return After::Exit,
+            }
+        }
+    }
+
+    /// Runs a routed item's task on this thread: from lane `lane`, which this worker owns, or
+    /// (`None`) from a deferral it runs.
+    fn run_direct(&mut self, lane: Option<usize>, item: Item<K>) -> Direct {
+        let sh = self.shared;
+        self.slot.current.store(0, Ordering::Relaxed);
+        #[cfg(debug_assertions)]
+        self.slot
+            .direct_key
+            .store(&item.key as *const K as usize, Ordering::Relaxed);
+        if !self.slot.phase.enter_running() {
+            self.hand_back_items(vec![item]);
+            if let Some(l) = lane {
+                self.hand_back_lane(l);
+            }
+            return Direct::Exit;
+        }
+        let Item { key, hash, task } = item;
+        if task.kind() == Kind::Distinct {
+            sh.claims.release(&key, hash);
+        }
+        self.release_capacity();
+        self.bump(|c| &c.started);
+        let word = lane.map(|l| &sh.lanes.get(l).word);
+        let run = word.map(|w| w.begin(self.index, hash as usize));
+        task.run(None, &|panicked| self.finish_task(panicked));
+        let ended = word
+            .zip(run)
+            .map(|(w, run)| w.end(run, &sh.mailboxes[self.index]));
+        #[cfg(debug_assertions)]
+        self.slot.direct_key.store(0, Ordering::Relaxed);
+        drop(key);
+        let after = self.slot.phase.leave_running();
+        match ended {
+            Some(Ended::Stolen(p)) if p == Deferral::stop_sentinel() => Direct::Exit,
+            Some(Ended::Stolen(p)) => {
+                // SAFETY: a thief made `p` with `Arc::into_raw` and handed us that count.
+                let d = unsafe { std::sync::Arc::from_raw(p.as_ptr().cast_const()) };
+                if after != AfterTask::Continue {
+                    // Stopped: the deferral's items are handed back with the lane's.
+                    return Direct::Exit;
+                }
+                if self.run_deferral(&d) {
+                    return Direct::Exit;
+                }
+                Direct::LaneLost
+            }
+            Some(Ended::Kept) if after != AfterTask::Continue => {
+                self.hand_back_lane(lane.expect("a lane run"));
+                Direct::Exit
+            }
+            _ if after != AfterTask::Continue => Direct::Exit,
+            _ => Direct::Continue,
+        }
+    }
+
+    /// Runs a deferral collected after a steal (`deferral.rs`): routes its items in order until
+    /// it is empty, which closes it. `true` if the worker must exit (`shutdown_now`).
+    fn run_deferral(&mut self, d: &Deferral<K>) -> bool {
+        while let Some(item) = d.next_or_close() {
+            let local = self.owned.as_ref().map(|o| &o.deque);
+            let item = match route(self.shared, item, local, false) {
+                Route::Direct(item) => item,
+                Route::Queued => continue,
+            };
+            if let Direct::Exit = self.run_direct(None, item) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A lane whose owner has been inside one task for [`STEAL_AFTER`] with items waiting,
+    /// taken over (`OWNED` by this worker), the stuck task's key deferred. For a worker with
+    /// nothing else to do: it watches, waits, and looks again.
+    fn steal_stuck_lane(&mut self) -> Option<usize> {
+        let seen = self.shared.lanes.watch_busy();
+        if seen.is_empty() {
+            return None;
+        }
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < STEAL_AFTER {
+            std::hint::spin_loop();
+        }
+        seen.into_iter()
+            .find(|(l, w)| self.try_steal_lane(*l, w))
+            .map(|(l, _)| l)
+    }
+
+    /// The same for a worker that has work of its own (it never runs dry, so it never waits
+    /// as above): at most every [`STEAL_AFTER`], it compares each lane with what it saw at its
+    /// previous look, and takes one whose owner is still inside the same task with items
+    /// waiting. The criterion is progress, and a busy worker looks between its own turns.
+    fn lane_stuck_since_last_look(&mut self) -> Option<usize> {
+        let now = std::time::Instant::now();
+        if now.duration_since(self.watched_at) < STEAL_AFTER {
+            return None;
+        }
+        self.watched_at = now;
+        let lanes = &self.shared.lanes;
+        let mut found = None;
+        for l in 0..lanes.len() {
+            let prev = self.watched[l].take();
+            let lane = lanes.get(l);
+            if lane.queue.is_empty() {
+                continue;
+            }
+            if let Some(prev) = prev.filter(|p| found.is_none() && lane.word.is_still(p)) {
+                if self.try_steal_lane(l, &prev) {
+                    found = Some(l);
+                    continue;
+                }
+            }
+            self.watched[l] = lane.word.watch();
+        }
+        found
+    }
+
+    /// Takes lane `l` from the owner `w` saw inside a task, deferring that task's key.
+    fn try_steal_lane(&self, l: usize, w: &Watch) -> bool {
+        let sh = self.shared;
+        let lane = sh.lanes.get(l);
+        let Some(victim) = sh.mailboxes.get(w.owner()) else {
+            return false; // shutdown_now's
+        };
+        if w.owner() == self.index || !lane.word.is_still(w) {
+            return false;
+        }
+        let d = Deferral::new(w.key_hash());
+        let p = std::sync::Arc::into_raw(d.clone()).cast_mut();
+        let p = std::ptr::NonNull::new(p).expect("an Arc is never null");
+        match lane.word.try_steal(self.index, w, victim, p) {
+            Ok(()) => {
+                lane.deferrals.insert(d);
+                true
+            }
+            Err(p) => {
+                // SAFETY: `p` came from `Arc::into_raw` above and was handed back unused.
+                drop(unsafe { std::sync::Arc::from_raw(p.as_ptr().cast_const()) });
+                false
+            }
+        }
+    }
+
+    /// `shutdown_now`: hands back lane `l`'s deferred and queued items, then releases it.
+    fn hand_back_lane(&self, l: usize) {
+        let lane = self.shared.lanes.get(l);
+        let mut items = lane.deferrals.take_all();
+        while let Some(item) = lane.queue.pop() {
+            items.push(item);
+        }
+        self.hand_back_items(items);
+        lane.word.release(self.index);
+    }
+
+    fn hand_back_items(&self, items: Vec<Item<K>>) {
+        let mut hb = lock(&self.shared.handback_lanes);
+        for i in items {
+            hb.push(PendingTask::new(Some(i.key), i.task));
         }
     }
 
@@ -468,7 +784,7 @@ where
             }
             let mut permit = None;
             match task.kind() {
-                Kind::Distinct => ks.distinct.store(false, Ordering::Release),
+                Kind::Distinct => self.shared.claims.release(entry.key(), entry.hash()),
                 Kind::Permits => {
                     match crate::permits::acquire_or_park(self.shared, entry_ptr, task) {
                         PermitOutcome::Run(t, p) => {
@@ -490,10 +806,13 @@ where
                 .store(entry_ptr.as_ptr() as usize, Ordering::Relaxed);
             if !self.slot.phase.enter_running() {
                 drop(permit);
-                let mut tasks = vec![task];
-                // SAFETY: we still own the chain.
-                unsafe { drain_chain(entry, &mut tasks) };
-                self.hand_back(Some(entry), tasks);
+                // `shutdown_now`: put the task back and leave the whole chain to the others
+                // (through the global queue): a worker routing a lane may push onto the chain
+                // until every worker has stopped, which `shutdown_now` waits for before it
+                // drains the queues; a worker not stopped yet may still run the chain.
+                // SAFETY: we own the chain, and `task` is the node we popped last.
+                unsafe { chain.unpop(task.into_raw()) };
+                self.shared.global.push(Runnable::Chain(entry_ptr));
                 return After::Exit;
             }
             self.release_capacity();
@@ -504,10 +823,8 @@ where
                 AfterTask::Continue => {}
                 AfterTask::Stolen => return After::Exit, // the chain is not ours any more
                 AfterTask::HandBack => {
-                    let mut tasks = Vec::new();
-                    // SAFETY: STOP without STOLEN: we still own the chain.
-                    unsafe { drain_chain(entry, &mut tasks) };
-                    self.hand_back(Some(entry), tasks);
+                    // STOP without STOLEN: the chain is still ours; as above.
+                    self.shared.global.push(Runnable::Chain(entry_ptr));
                     return After::Exit;
                 }
             }

@@ -5,7 +5,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keyserial::{Builder, RejectReason, Serializer, TaskError};
+use keyserial::{Builder, RejectReason, Semaphore, Serializer, TaskError};
 
 fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
@@ -168,6 +168,9 @@ fn shutdown_now_from_another_thread_during_a_storm_loses_nothing() {
     }
 }
 
+/// Keys hold state (an entry in the key table, counted in `active_keys`) only while they need
+/// it: a permit-gated task makes its key's state (its chain parks there), plain tasks of a key
+/// with no state run straight from their lane and make none.
 #[test]
 fn idle_keys_are_released_to_zero() {
     for timeout in [Duration::ZERO, Duration::from_millis(20)] {
@@ -176,8 +179,9 @@ fn idle_keys_are_released_to_zero() {
             .key_idle_timeout(timeout)
             .build()
             .unwrap();
+        let sem = Semaphore::new(1 << 20);
         for k in 0..5000 {
-            s.execute(k, || ()).unwrap();
+            drop(s.submit_with_permits(k, &sem, 1, || ()).unwrap());
         }
         s.submit(1, || ()).unwrap().join().unwrap();
         assert!(
@@ -186,7 +190,13 @@ fn idle_keys_are_released_to_zero() {
             s.stats()
         );
         // Keys come back when used again.
-        assert_eq!(s.submit(3, || 3).unwrap().join().unwrap(), 3);
+        assert_eq!(
+            s.submit_with_permits(3, &sem, 1, || 3)
+                .unwrap()
+                .join()
+                .unwrap(),
+            3
+        );
         assert!(wait_until(Duration::from_secs(10), || s
             .stats()
             .active_keys
@@ -447,8 +457,9 @@ fn idle_keys_are_capped_per_worker_even_with_a_long_timeout() {
         .key_idle_timeout(Duration::from_secs(3600))
         .build()
         .unwrap();
+    let sem = Semaphore::new(1 << 20);
     for k in 0..5000 {
-        s.execute(k, || ()).unwrap();
+        drop(s.submit_with_permits(k, &sem, 1, || ()).unwrap());
     }
     s.submit(0, || ()).unwrap().join().unwrap();
     // At most 1,024 idle keys per worker survive; the rest were released at once.

@@ -1,0 +1,168 @@
+//! Deferrals: where a lane sends the items of a key whose task blocked the lane's former owner.
+//!
+//! # Protocol
+//!
+//! When an idle worker takes a lane from an owner stuck in a task of key hash `h`
+//! (`Lane::try_steal`, core `lane`), it hands that owner a fresh, *open* [`Deferral`] for `h`
+//! through the owner's mailbox and records it in the lane's [`Deferrals`]. From then on:
+//!
+//! - the lane's owner (whoever owns the lane, which may change) puts every popped item of hash
+//!   `h` into the deferral while it is open, in pop order, and routes other items as usual;
+//! - the stuck worker, once its task returns and its `end` finds the lane stolen, collects the
+//!   deferral and *runs* it: it takes items one at a time and routes each exactly as a lane
+//!   owner would (`route.rs`), until it finds the deferral empty, which *closes* it, in the same
+//!   critical section;
+//! - an owner that finds the deferral of an item's hash closed removes it from the lane's list
+//!   and routes the item itself (and sweeps out other closed ones).
+//!
+//! Every step is under the deferral's lock, so an item is appended either before the close (and
+//! the runner takes it) or after (and the owner routes it): never both, never lost. A key of hash
+//! `h` is routed by exactly one party at a time, the runner while the deferral is open and the
+//! lane's owner after, and the close orders the runner's last routing before the owner's next
+//! (the lock's release and acquire), so its items keep their lane order. Two keys with the same
+//! hash share a deferral (ordered, never concurrent; only one waits longer).
+//!
+//! `shutdown_now` (holding the lane) takes the items of every open deferral of the lane and
+//! closes them; a stopped runner leaves its deferral alone (its remaining items are taken that
+//! way).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use crate::lanes::Item;
+use crate::sync::{lock, AtomicUsize, Mutex, Ordering};
+
+/// One deferred key hash's items (see the module docs).
+pub(crate) struct Deferral<K> {
+    hash: usize,
+    inner: Mutex<Inner<K>>,
+}
+
+struct Inner<K> {
+    items: VecDeque<Item<K>>,
+    open: bool,
+}
+
+impl<K> Deferral<K> {
+    /// An open, empty deferral for key hash `hash`.
+    pub(crate) fn new(hash: usize) -> Arc<Deferral<K>> {
+        Arc::new(Deferral {
+            hash,
+            inner: Mutex::new(Inner {
+                items: VecDeque::new(),
+                open: true,
+            }),
+        })
+    }
+
+    /// What `shutdown_now` offers an owner whose lane it takes: no deferral at all, just "the
+    /// lane is gone, stop" (never a real deferral's address: those come from `Arc::into_raw`).
+    pub(crate) fn stop_sentinel() -> std::ptr::NonNull<Deferral<K>> {
+        std::ptr::NonNull::dangling()
+    }
+
+    /// Whether items of hash `hash` belong here.
+    pub(crate) fn is_for(&self, hash: u64) -> bool {
+        self.hash == hash as usize
+    }
+
+    /// The lane's owner: appends `item` if the deferral is still open; otherwise gives it back.
+    fn push(&self, item: Item<K>) -> Result<(), Item<K>> {
+        let mut g = lock(&self.inner);
+        if g.open {
+            g.items.push_back(item);
+            Ok(())
+        } else {
+            Err(item)
+        }
+    }
+
+    /// The runner: the next item, or `None` after closing the deferral (it was empty).
+    pub(crate) fn next_or_close(&self) -> Option<Item<K>> {
+        let mut g = lock(&self.inner);
+        let next = g.items.pop_front();
+        if next.is_none() {
+            g.open = false;
+        }
+        next
+    }
+
+    /// `shutdown_now`: every item, in order; the deferral is closed.
+    pub(crate) fn take_all(&self) -> Vec<Item<K>> {
+        let mut g = lock(&self.inner);
+        g.open = false;
+        g.items.drain(..).collect()
+    }
+
+    fn is_open(&self) -> bool {
+        lock(&self.inner).open
+    }
+}
+
+/// A lane's open deferrals; touched only by the lane's owner.
+pub(crate) struct Deferrals<K> {
+    list: Mutex<Vec<Arc<Deferral<K>>>>,
+    /// `list.len()`, read without the lock on every pop (by the owner, who alone writes it).
+    len: AtomicUsize,
+}
+
+impl<K> Deferrals<K> {
+    pub(crate) fn new() -> Self {
+        Deferrals {
+            list: Mutex::new(Vec::new()),
+            len: AtomicUsize::new(0),
+        }
+    }
+
+    /// Records a deferral just handed to a stuck owner.
+    pub(crate) fn insert(&self, d: Arc<Deferral<K>>) {
+        let mut list = lock(&self.list);
+        list.push(d);
+        self.len.store(list.len(), Ordering::Relaxed);
+    }
+
+    /// The owner, for a popped item: puts it into its hash's open deferral and returns `None`,
+    /// or returns it to be routed. Costs one load while nothing is deferred.
+    #[inline]
+    pub(crate) fn divert(&self, item: Item<K>) -> Option<Item<K>> {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return Some(item);
+        }
+        self.divert_slow(item)
+    }
+
+    #[cold]
+    fn divert_slow(&self, item: Item<K>) -> Option<Item<K>> {
+        let mut list = lock(&self.list);
+        let mut item = Some(item);
+        // The first *open* deferral of the hash: a closed one may still be listed beside a
+        // newer one for the same hash (its key was deferred again); closed ones are dropped.
+        while let Some(i) = list
+            .iter()
+            .position(|d| d.is_for(item.as_ref().expect("not yet placed").hash))
+        {
+            match list[i].push(item.take().expect("not yet placed")) {
+                Ok(()) => break,
+                Err(back) => {
+                    item = Some(back);
+                    list.swap_remove(i);
+                }
+            }
+        }
+        if item.is_some() {
+            // Not deferred: forget the deferrals whose runner is done.
+            list.retain(|d| d.is_open());
+        }
+        self.len.store(list.len(), Ordering::Relaxed);
+        item
+    }
+
+    /// `shutdown_now` or a stopped owner: the items of every open deferral, closing them all.
+    pub(crate) fn take_all(&self) -> Vec<Item<K>> {
+        let mut list = lock(&self.list);
+        let items = list.iter().flat_map(|d| d.take_all()).collect();
+        list.clear();
+        self.len.store(0, Ordering::Relaxed);
+        items
+    }
+}

@@ -1,0 +1,136 @@
+//! Routing a lane's item: run it straight away, or queue it on its key's chain.
+//!
+//! # Who routes, and why a key never runs twice at once
+//!
+//! Items of a key are routed by exactly one party at a time, in the key's lane order: the
+//! lane's owner, or, while the key is deferred, the deferral's runner (`deferral.rs`). The
+//! router decides:
+//!
+//! - A plain or distinct item **runs directly** on the router's thread if its key is not
+//!   tracked: its lane counts no tracked key ([`Tracked::any`](crate::lanes::Tracked::any)),
+//!   or the key has no entry, or its chain is idle. An idle chain has no owner and nothing queued,
+//!   and only a router of the key pushes onto it, so nothing else of the key can be running: the
+//!   only task of the key that ran from the lane before is the router's own previous one (a
+//!   deferred key's running task belongs to the deferral's runner, which routes instead), and a
+//!   chain's last task returned before its owner released it (Release on the chain's word, read
+//!   here with Acquire).
+//! - Otherwise it **goes onto the key's chain**, behind what is there: a plain item of a key
+//!   whose chain is active (a task of the key is queued or running there, or a permit wait holds
+//!   it), every permit-gated item (its chain parks while it waits for permits, holding the key
+//!   without holding a worker), and the item of a *hot* key that a lane's owner moves off the
+//!   lane (`worker.rs`, "Fairness in a lane"). The router makes the entry if there is none,
+//!   raising the lane's tracked count first. The chain runs from the ready queues as before.
+//! - A `submit_latest` item is a cell (`latest_cells.rs`): the router takes the task out of it
+//!   and routes that like a plain one (kind `Latest`, so a chain still coalesces two in a row).
+//!
+//! A key stops being tracked when its chain drains and its entry is released
+//! (`key_idle_timeout`); from then on its plain items run directly again.
+
+use std::ptr::NonNull;
+
+use crossbeam_deque::Worker;
+use keyserial_core::chain::{Pushed, Retired};
+
+use crate::key::{KeyEntry, KeyState, Runnable};
+use crate::lanes::{Item, TrackToken};
+use crate::shared::Shared;
+use crate::task::{Kind, TaskRef};
+
+/// What the router did with an item.
+pub(crate) enum Route<K> {
+    /// Run it now, on this thread.
+    Direct(Item<K>),
+    /// It is on its key's chain (or it superseded the key's pending latest task).
+    Queued,
+}
+
+/// Routes `item` (see the module docs). `local`: the calling worker's deque, where a chain made
+/// runnable goes. `track`: queue it on its key's chain even if the key is not tracked yet (a hot
+/// key, see `worker.rs`, "Fairness in a lane").
+pub(crate) fn route<K>(
+    sh: &Shared<K>,
+    item: Item<K>,
+    local: Option<&Worker<Runnable<K>>>,
+    track: bool,
+) -> Route<K>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    let mut item = item;
+    if item.task.kind() == Kind::LatestCell {
+        // A pending latest task's cell: from here on its task is routed like any other.
+        let Item { key, hash, task } = item;
+        match sh.latest.take(hash, task) {
+            Some(task) => item = Item { key, hash, task },
+            None => return Route::Queued,
+        }
+    }
+    let kind = item.task.kind();
+    // Only a permit-gated task needs its key's state (the chain it parks); the rest run
+    // directly unless the key is tracked.
+    let plain = kind != Kind::Permits && !track;
+    let lane = sh.lanes.index_of(item.hash);
+    if plain && !sh.lanes.tracked.any(lane) {
+        return Route::Direct(item);
+    }
+    let guard = crossbeam_epoch::pin();
+    let Item { key, hash, task } = item;
+    let mut node = task.into_raw();
+    loop {
+        let entry: &KeyEntry<K> = if plain {
+            match sh.table.get(&key, &guard) {
+                Some(e) if e.value().chain.is_active() => e,
+                _ => {
+                    // SAFETY: `node` is the item's task, given up by `into_raw` above (or handed
+                    // back by a bounced push below): ours, queued nowhere.
+                    let task = unsafe { TaskRef::from_raw(node) };
+                    return Route::Direct(Item { key, hash, task });
+                }
+            }
+        } else {
+            entry_for(sh, &key, lane, &guard)
+        };
+        let ks = entry.value();
+        let push = node;
+        // SAFETY: a live task node we own (given up by `into_raw`, or handed back by a bounced
+        // push) or the key's marker, pushed only by its claimer (us): queued nowhere else; the
+        // chain hands it to its owner or `Header::drop_queued` (a no-op for the marker).
+        match unsafe { ks.chain.push(push) } {
+            Ok(Pushed::Activated) => {
+                sh.schedule(Runnable::Chain(NonNull::from(entry)), local);
+                return Route::Queued;
+            }
+            Ok(Pushed::Queued) => return Route::Queued,
+            Err(Retired(back)) => {
+                // The key was released under us: take back what we pushed (from the slot, if
+                // it was the marker) and retry on the key's fresh chain, or run it directly.
+                node = if ks.latest.is_marker(back) {
+                    ks.latest.unclaim()
+                } else {
+                    back
+                };
+            }
+        }
+    }
+}
+
+/// The key's live entry, made (and counted in `lane`'s tracked keys) if there is none.
+fn entry_for<'g, K>(
+    sh: &'g Shared<K>,
+    key: &K,
+    lane: usize,
+    guard: &'g crossbeam_epoch::Guard,
+) -> &'g KeyEntry<K>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    // A live key is found by the plain walk; only a new key pays for the insert's path.
+    match sh.table.get(key, guard) {
+        Some(entry) if !entry.value().chain.is_retired() => entry,
+        _ => sh.table.get_or_insert_cloned(
+            key,
+            || KeyState::new(TrackToken::new(&sh.lanes.tracked, lane)),
+            guard,
+        ),
+    }
+}
