@@ -121,26 +121,23 @@ impl<K> Deferrals<K> {
         self.len.store(list.len(), Ordering::Relaxed);
     }
 
-    /// The owner, for a popped item: puts it into its hash's open deferral and returns `None`,
-    /// or returns it to be routed. Costs one load while nothing is deferred.
+    /// The owner, for a popped item of key hash `hash`: puts it into its hash's open deferral
+    /// and returns `None`, or returns it to be routed. Costs one load while nothing is deferred.
     #[inline]
-    pub(crate) fn divert(&self, item: Item<K>) -> Option<Item<K>> {
+    pub(crate) fn divert(&self, item: Item<K>, hash: u64) -> Option<Item<K>> {
         if self.len.load(Ordering::Relaxed) == 0 {
             return Some(item);
         }
-        self.divert_slow(item)
+        self.divert_slow(item, hash)
     }
 
     #[cold]
-    fn divert_slow(&self, item: Item<K>) -> Option<Item<K>> {
+    fn divert_slow(&self, item: Item<K>, hash: u64) -> Option<Item<K>> {
         let mut list = lock(&self.list);
         let mut item = Some(item);
         // The first *open* deferral of the hash: a closed one may still be listed beside a
         // newer one for the same hash (its key was deferred again); closed ones are dropped.
-        while let Some(i) = list
-            .iter()
-            .position(|d| d.is_for(item.as_ref().expect("not yet placed").hash))
-        {
+        while let Some(i) = list.iter().position(|d| d.is_for(hash)) {
             match list[i].push(item.take().expect("not yet placed")) {
                 Ok(()) => break,
                 Err(back) => {

@@ -1,7 +1,7 @@
 //! Lanes: the front door of every keyed submission.
 //!
 //! Keys hash onto a fixed number of *lanes* (twice the core workers, a power of two); each lane
-//! is a FIFO of [`Item`]s (key, hash, task) in submission order. A lane is not tied to a thread:
+//! is a FIFO of [`Item`]s (key, task) in submission order. A lane is not tied to a thread:
 //! any worker may *own* it, and only its owner pops it, under core's lane word
 //! ([`keyserial_core::lane`], whose module docs give the ownership protocol and the steal). A
 //! plain task of a key that holds no state runs straight from the lane: no key table, no chain,
@@ -45,8 +45,8 @@ use crossbeam_utils::CachePadded;
 use keyserial_core::lane::{Lane as LaneWord, Phase, Watch};
 
 use crate::deferral::Deferrals;
+use crate::lane_task::LaneTask;
 use crate::sync::{Arc, AtomicBool, AtomicUsize, Ordering};
-use crate::task::TaskRef;
 
 /// How long a sleeper naps while some lane has items queued behind a busy owner (it must
 /// notice an owner stuck in one task).
@@ -60,11 +60,11 @@ pub(crate) const STEAL_AFTER: std::time::Duration = std::time::Duration::from_mi
 /// The worker id `shutdown_now` uses to take lanes (never a real worker's).
 pub(crate) const STOPPER: usize = keyserial_core::lane::MAX_WORKER;
 
-/// One keyed submission in a lane: the key, its hash (the table's hasher) and its task.
+/// One keyed submission in a lane: the key and its task (32 bytes for a `u64` key; the key's
+/// hash is computed again where it is needed, which costs less than a wider slot).
 pub(crate) struct Item<K> {
     pub(crate) key: K,
-    pub(crate) hash: u64,
-    pub(crate) task: TaskRef,
+    pub(crate) task: LaneTask,
 }
 
 /// One lane: its ownership word, its FIFO and the keys deferred from it.
@@ -175,18 +175,19 @@ impl<K> Lanes<K> {
         &self.lanes[l]
     }
 
-    /// Pushes `item` onto its lane; returns the lane's phase after the push (see "Waking for a
-    /// push" in the module docs).
-    pub(crate) fn push(&self, item: Item<K>) -> Phase {
-        let lane = &self.lanes[self.index_of(item.hash)];
+    /// Pushes `item` (of key hash `hash`) onto its lane; returns the lane's phase after the
+    /// push (see "Waking for a push" in the module docs).
+    pub(crate) fn push(&self, hash: u64, item: Item<K>) -> Phase {
+        let lane = &self.lanes[self.index_of(hash)];
         lane.queue.push(item);
         std::sync::atomic::fence(Ordering::SeqCst);
         lane.word.phase()
     }
 
     /// A lane that is `FREE` with items queued, taken by worker `me`: its home lanes first
-    /// (`home = (mine, of)`: lanes `l` with `l % of == mine`), starting with the one after
-    /// the home lane it served last (`turn`), then the others.
+    /// (`home = (mine, of)`: lanes `l` with `l % of == mine`), then the others, each in an
+    /// order that rotates with `turn`. Every fourth turn skips the preference, so a worker
+    /// whose home lanes never run dry still serves a lane whose home worker is stuck.
     pub(crate) fn acquire_free(
         &self,
         me: usize,
@@ -198,7 +199,7 @@ impl<K> Lanes<K> {
             let lane = &self.lanes[l];
             lane.word.phase() == Phase::Free && !lane.queue.is_empty() && lane.word.try_acquire(me)
         };
-        if let Some((mine, of)) = home.filter(|&(mine, _)| mine < n) {
+        if let Some((mine, of)) = home.filter(|&(mine, _)| mine < n && turn % 4 != 3) {
             let count = (n - mine).div_ceil(of);
             if let Some(l) = (0..count)
                 .map(|i| mine + ((turn + i) % count) * of)
@@ -207,7 +208,10 @@ impl<K> Lanes<K> {
                 return Some(l);
             }
         }
-        (0..n).find(|&l| take(l))
+        // The start rotates with the turns that skip the preference (a start tied to `turn`
+        // itself would always be the same lane on those turns).
+        let start = turn / 4;
+        (0..n).map(|i| (start + i) % n).find(|&l| take(l))
     }
 
     /// Whether any lane has items queued (perhaps behind an owner that may get stuck).

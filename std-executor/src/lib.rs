@@ -164,6 +164,7 @@ mod handle;
 mod idle;
 mod idle_word;
 mod key;
+mod lane_task;
 mod lanes;
 mod latest;
 mod latest_cells;

@@ -32,6 +32,7 @@ use crossbeam_deque::Worker;
 use keyserial_core::chain::{Pushed, Retired};
 
 use crate::key::{KeyEntry, KeyState, Runnable};
+use crate::lane_task::LaneTask;
 use crate::lanes::{Item, TrackToken};
 use crate::shared::Shared;
 use crate::task::{Kind, TaskRef};
@@ -44,12 +45,13 @@ pub(crate) enum Route<K> {
     Queued,
 }
 
-/// Routes `item` (see the module docs). `local`: the calling worker's deque, where a chain made
+/// Routes `item`, of key hash `hash` (see the module docs). `local`: the calling worker's deque, where a chain made
 /// runnable goes. `track`: queue it on its key's chain even if the key is not tracked yet (a hot
 /// key, see `worker.rs`, "Fairness in a lane").
 pub(crate) fn route<K>(
     sh: &Shared<K>,
     item: Item<K>,
+    hash: u64,
     local: Option<&Worker<Runnable<K>>>,
     track: bool,
 ) -> Route<K>
@@ -59,9 +61,14 @@ where
     let mut item = item;
     if item.task.kind() == Kind::LatestCell {
         // A pending latest task's cell: from here on its task is routed like any other.
-        let Item { key, hash, task } = item;
-        match sh.latest.take(hash, task) {
-            Some(task) => item = Item { key, hash, task },
+        let Item { key, task } = item;
+        match sh.latest.take(hash, task.into_task()) {
+            Some(task) => {
+                item = Item {
+                    key,
+                    task: LaneTask::node(task),
+                }
+            }
             None => return Route::Queued,
         }
     }
@@ -69,13 +76,13 @@ where
     // Only a permit-gated task needs its key's state (the chain it parks); the rest run
     // directly unless the key is tracked.
     let plain = kind != Kind::Permits && !track;
-    let lane = sh.lanes.index_of(item.hash);
+    let lane = sh.lanes.index_of(hash);
     if plain && !sh.lanes.tracked.any(lane) {
         return Route::Direct(item);
     }
     let guard = crossbeam_epoch::pin();
-    let Item { key, hash, task } = item;
-    let mut node = task.into_raw();
+    let Item { key, task } = item;
+    let mut node = task.into_task().into_raw();
     loop {
         let entry: &KeyEntry<K> = if plain {
             match sh.table.get(&key, &guard) {
@@ -83,8 +90,8 @@ where
                 _ => {
                     // SAFETY: `node` is the item's task, given up by `into_raw` above (or handed
                     // back by a bounced push below): ours, queued nowhere.
-                    let task = unsafe { TaskRef::from_raw(node) };
-                    return Route::Direct(Item { key, hash, task });
+                    let task = LaneTask::node(unsafe { TaskRef::from_raw(node) });
+                    return Route::Direct(Item { key, task });
                 }
             }
         } else {

@@ -15,6 +15,7 @@ use crate::deferral::Deferral;
 use crate::error::{BuildError, RejectReason, Rejected};
 use crate::handle::{JoinState, OriginCheck, TaskHandle};
 use crate::key::{KeyEntry, Runnable};
+use crate::lane_task::LaneTask;
 use crate::lanes::{Item, STOPPER};
 use crate::latest_cells::Offered;
 use crate::pending::PendingTask;
@@ -239,19 +240,11 @@ where
     {
         let mut slot = Some(task);
         self.admit(Some(key), Kind::Plain, Mode::Block, || {
-            TaskRef::new(
-                Detached(slot.take().expect("built once")),
-                Kind::Plain,
-                None,
-            )
+            LaneTask::execute(slot.take().expect("built once"))
         })
         .map_err(|r| Rejected {
             reason: r.reason,
-            task: match r.node {
-                // SAFETY: `execute` builds its nodes from `Detached<F>`.
-                Some(node) => unsafe { node.into_job::<Detached<F>>() }.0,
-                None => slot.take().expect("rejected before the task was built"),
-            },
+            task: slot.take().expect("refused before the task was built"),
         })
     }
 
@@ -384,7 +377,7 @@ where
                 f: slot.take().expect("built once"),
                 state,
             };
-            TaskRef::new(job, kind, permits.take())
+            LaneTask::node(TaskRef::new(job, kind, permits.take()))
         })
         .map(|()| handle.take().expect("handle made with the task"))
         .map_err(|r| Rejected {
@@ -405,7 +398,7 @@ where
         key: Option<K>,
         kind: Kind,
         mode: Mode,
-        build: impl FnOnce() -> TaskRef,
+        build: impl FnOnce() -> LaneTask,
     ) -> Result<(), Refused> {
         let sh = &*self.shared;
         let on_worker = worker::current_worker::<K>(sh.id);
@@ -446,7 +439,7 @@ where
         };
         let local = on_worker.map(|(_, d)| d);
         let Some(key) = key else {
-            sh.schedule(Runnable::Task(build()), local);
+            sh.schedule(Runnable::Task(build().into_task()), local);
             ticket.admit();
             return Ok(());
         };
@@ -463,13 +456,16 @@ where
         let phase = if kind == Kind::Latest {
             let mut seen = LanePhase::Owned;
             let push = |cell| {
-                seen = sh.lanes.push(Item {
-                    key: key.clone(),
+                let task = LaneTask::node(cell);
+                seen = sh.lanes.push(
                     hash,
-                    task: cell,
-                })
+                    Item {
+                        key: key.clone(),
+                        task,
+                    },
+                );
             };
-            if let Offered::Replaced(old) = sh.latest.offer(&key, hash, task, push) {
+            if let Offered::Replaced(old) = sh.latest.offer(&key, hash, task.into_task(), push) {
                 old.abandon(Abandon::Superseded);
                 sh.dropped_outside.fetch_add(1, Ordering::AcqRel);
                 release_cap();
@@ -478,7 +474,7 @@ where
             }
             seen
         } else {
-            let phase = sh.lanes.push(Item { key, hash, task });
+            let phase = sh.lanes.push(hash, Item { key, task });
             sh.latest.seal(hash);
             phase
         };
@@ -618,7 +614,7 @@ where
                 out.extend(
                     items
                         .into_iter()
-                        .map(|i| PendingTask::new(Some(i.key), i.task)),
+                        .map(|i| PendingTask::new(Some(i.key), i.task.into_task())),
                 );
             }
         }

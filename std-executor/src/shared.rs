@@ -88,6 +88,15 @@ pub(crate) struct Shared<K> {
 static NEXT_ID: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
 
 impl<K> Shared<K> {
+    /// A key's hash (the table's hasher): its lane, its deferral, its claims.
+    pub(crate) fn hash_of(&self, key: &K) -> u64
+    where
+        K: Hash,
+    {
+        use std::hash::BuildHasher;
+        self.table.hasher().hash_one(key)
+    }
+
     /// Milliseconds since the serializer started (the idle and elastic clocks); never 0.
     pub(crate) fn now_ms(&self) -> u64 {
         self.start.elapsed().as_millis() as u64 + 1

@@ -446,7 +446,8 @@ where
         None
     }
 
-    fn acquire_lane(&self) -> Option<usize> {
+    fn acquire_lane(&mut self) -> Option<usize> {
+        self.turn = self.turn.wrapping_add(1);
         self.shared
             .lanes
             .acquire_free(self.index, self.home, self.turn)
@@ -521,7 +522,6 @@ where
         loop {
             if ran >= budget {
                 lane.word.release(self.index);
-                self.turn = self.turn.wrapping_add(1);
                 return After::Continue;
             }
             let Some(item) = lane.queue.pop() else {
@@ -533,24 +533,25 @@ where
                 }
                 return After::Continue;
             };
-            let Some(item) = lane.deferrals.divert(item) else {
+            let hash = sh.hash_of(&item.key);
+            let Some(item) = lane.deferrals.divert(item, hash) else {
                 continue;
             };
             // A key that ran `fairness_budget` tasks in a row while others wait in the lane
             // moves onto its chain (see "Fairness in a lane").
-            let hot = streak.0 == item.hash && streak.1 >= fair && !lane.queue.is_empty();
+            let hot = streak.0 == hash && streak.1 >= fair && !lane.queue.is_empty();
             let local = self.owned.as_ref().map(|o| &o.deque);
-            let item = match route(sh, item, local, hot) {
+            let item = match route(sh, item, hash, local, hot) {
                 Route::Direct(item) => item,
                 Route::Queued => continue,
             };
             ran += 1;
-            streak = if streak.0 == item.hash {
-                (item.hash, streak.1 + 1)
+            streak = if streak.0 == hash {
+                (hash, streak.1 + 1)
             } else {
-                (item.hash, 1)
+                (hash, 1)
             };
-            match self.run_direct(Some(l), item) {
+            match self.run_direct(Some(l), item, hash) {
                 Direct::Continue => {}
                 Direct::LaneLost => return After::Continue,
                 Direct::Exit => return After::Exit,
@@ -560,7 +561,7 @@ where
 
     /// Runs a routed item's task on this thread: from lane `lane`, which this worker owns, or
     /// (`None`) from a deferral it runs.
-    fn run_direct(&mut self, lane: Option<usize>, item: Item<K>) -> Direct {
+    fn run_direct(&mut self, lane: Option<usize>, item: Item<K>, hash: u64) -> Direct {
         let sh = self.shared;
         self.slot.current.store(0, Ordering::Relaxed);
         #[cfg(debug_assertions)]
@@ -574,7 +575,7 @@ where
             }
             return Direct::Exit;
         }
-        let Item { key, hash, task } = item;
+        let Item { key, task } = item;
         if task.kind() == Kind::Distinct {
             sh.claims.release(&key, hash);
         }
@@ -582,7 +583,7 @@ where
         self.bump(|c| &c.started);
         let word = lane.map(|l| &sh.lanes.get(l).word);
         let run = word.map(|w| w.begin(self.index, hash as usize));
-        task.run(None, &|panicked| self.finish_task(panicked));
+        task.run(&|panicked| self.finish_task(panicked));
         let ended = word
             .zip(run)
             .map(|(w, run)| w.end(run, &sh.mailboxes[self.index]));
@@ -618,11 +619,12 @@ where
     fn run_deferral(&mut self, d: &Deferral<K>) -> bool {
         while let Some(item) = d.next_or_close() {
             let local = self.owned.as_ref().map(|o| &o.deque);
-            let item = match route(self.shared, item, local, false) {
+            let hash = self.shared.hash_of(&item.key);
+            let item = match route(self.shared, item, hash, local, false) {
                 Route::Direct(item) => item,
                 Route::Queued => continue,
             };
-            if let Direct::Exit = self.run_direct(None, item) {
+            if let Direct::Exit = self.run_direct(None, item, hash) {
                 return true;
             }
         }
@@ -715,7 +717,7 @@ where
     fn hand_back_items(&self, items: Vec<Item<K>>) {
         let mut hb = lock(&self.shared.handback_lanes);
         for i in items {
-            hb.push(PendingTask::new(Some(i.key), i.task));
+            hb.push(PendingTask::new(Some(i.key), i.task.into_task()));
         }
     }
 
