@@ -9,9 +9,10 @@
 //! - the lane's owner (whoever owns the lane, which may change) puts every popped item of hash
 //!   `h` into the deferral while it is open, in pop order, and routes other items as usual;
 //! - the stuck worker, once its task returns and its `end` finds the lane stolen, collects the
-//!   deferral and *runs* it: it takes items one at a time and routes each exactly as a lane
-//!   owner would (`route.rs`), until it finds the deferral empty, which *closes* it, in the same
-//!   critical section;
+//!   deferral and *runs* it: under the deferral's lock it takes the front item, routes it
+//!   exactly as a lane owner would (`route.rs`) and, to run it, enters `RUNNING` before it
+//!   unlocks (if `shutdown_now` stopped it, it puts the item back in front), until it finds the
+//!   deferral empty, which *closes* it, in the same critical section;
 //! - an owner that finds the deferral of an item's hash closed removes it from the lane's list
 //!   and routes the item itself (and sweeps out other closed ones).
 //!
@@ -77,14 +78,9 @@ impl<K> Deferral<K> {
         }
     }
 
-    /// The runner: the next item, or `None` after closing the deferral (it was empty).
-    pub(crate) fn next_or_close(&self) -> Option<Item<K>> {
-        let mut g = lock(&self.inner);
-        let next = g.items.pop_front();
-        if next.is_none() {
-            g.open = false;
-        }
-        next
+    /// The runner: the deferral, locked, to take its next item (see `Next`).
+    pub(crate) fn lock(&self) -> Next<'_, K> {
+        Next(lock(&self.inner))
     }
 
     /// `shutdown_now`: every item, in order; the deferral is closed.
@@ -96,6 +92,26 @@ impl<K> Deferral<K> {
 
     fn is_open(&self) -> bool {
         lock(&self.inner).open
+    }
+}
+
+/// A deferral locked by its runner: it takes the front item, and until it unlocks, nobody else
+/// sees the deferral without it; it closes the deferral when it finds it empty.
+pub(crate) struct Next<'a, K>(crate::sync::MutexGuard<'a, Inner<K>>);
+
+impl<K> Next<'_, K> {
+    pub(crate) fn pop_front(&mut self) -> Option<Item<K>> {
+        self.0.items.pop_front()
+    }
+
+    /// Puts back an item just taken (its task could not start: `shutdown_now`).
+    pub(crate) fn push_front(&mut self, item: Item<K>) {
+        self.0.items.push_front(item);
+    }
+
+    /// The runner found the deferral empty: the lane's owner routes the hash again.
+    pub(crate) fn close(&mut self) {
+        self.0.open = false;
     }
 }
 

@@ -26,6 +26,11 @@
 //!   empty cell is never replaced into (offer makes a new one).
 //!
 //! Everything happens under one lock per key, so a task is replaced, taken or run exactly once.
+//!
+//! One imprecision, on the safe side: a plain submission that races the *creation* of its key's
+//! cell (its push comes first, the cell's push second, its seal third) seals that newer cell, so
+//! the next latest task queues behind it instead of replacing it: one superseded task runs. No
+//! task is lost, reordered or replaced wrongly.
 //! `seal` costs one load while no cell exists anywhere. A cell's item handed back by
 //! `shutdown_now` runs (or cancels) the task it holds.
 

@@ -562,12 +562,7 @@ where
     /// Runs a routed item's task on this thread: from lane `lane`, which this worker owns, or
     /// (`None`) from a deferral it runs.
     fn run_direct(&mut self, lane: Option<usize>, item: Item<K>, hash: u64) -> Direct {
-        let sh = self.shared;
         self.slot.current.store(0, Ordering::Relaxed);
-        #[cfg(debug_assertions)]
-        self.slot
-            .direct_key
-            .store(&item.key as *const K as usize, Ordering::Relaxed);
         if !self.slot.phase.enter_running() {
             self.hand_back_items(vec![item]);
             if let Some(l) = lane {
@@ -575,7 +570,18 @@ where
             }
             return Direct::Exit;
         }
+        self.run_entered(lane, item, hash)
+    }
+
+    /// `run_direct` once the slot is `RUNNING` (`enter_running` succeeded).
+    fn run_entered(&mut self, lane: Option<usize>, item: Item<K>, hash: u64) -> Direct {
+        let sh = self.shared;
         let Item { key, task } = item;
+        // `key` stays here, unmoved, until it is dropped after the task.
+        #[cfg(debug_assertions)]
+        self.slot
+            .direct_key
+            .store(&key as *const K as usize, Ordering::Relaxed);
         if task.kind() == Kind::Distinct {
             sh.claims.release(&key, hash);
         }
@@ -616,19 +622,34 @@ where
 
     /// Runs a deferral collected after a steal (`deferral.rs`): routes its items in order until
     /// it is empty, which closes it. `true` if the worker must exit (`shutdown_now`).
+    ///
+    /// An item leaves the deferral only once it has started or been queued on its key's
+    /// chain: it is routed, and its task entered, under the deferral's lock, and put back in
+    /// front if `shutdown_now` stopped this worker, so that whoever hands the deferral back
+    /// hands back all of it, in order.
     fn run_deferral(&mut self, d: &Deferral<K>) -> bool {
-        while let Some(item) = d.next_or_close() {
+        loop {
+            let mut next = d.lock();
+            let Some(item) = next.pop_front() else {
+                next.close();
+                return false;
+            };
             let local = self.owned.as_ref().map(|o| &o.deque);
             let hash = self.shared.hash_of(&item.key);
             let item = match route(self.shared, item, hash, local, false) {
                 Route::Direct(item) => item,
                 Route::Queued => continue,
             };
-            if let Direct::Exit = self.run_direct(None, item, hash) {
+            self.slot.current.store(0, Ordering::Relaxed);
+            if !self.slot.phase.enter_running() {
+                next.push_front(item);
+                return true;
+            }
+            drop(next);
+            if let Direct::Exit = self.run_entered(None, item, hash) {
                 return true;
             }
         }
-        false
     }
 
     /// A lane whose owner has been inside one task for [`STEAL_AFTER`] with items waiting,
@@ -785,23 +806,19 @@ where
                 continue;
             }
             let mut permit = None;
-            match task.kind() {
-                Kind::Distinct => self.shared.claims.release(entry.key(), entry.hash()),
-                Kind::Permits => {
-                    match crate::permits::acquire_or_park(self.shared, entry_ptr, task) {
-                        PermitOutcome::Run(t, p) => {
-                            task = t;
-                            permit = p;
-                        }
-                        PermitOutcome::Parked => return After::Continue,
-                        PermitOutcome::Dropped => {
-                            self.bump(|c| &c.dropped);
-                            self.release_capacity();
-                            continue;
-                        }
+            if task.kind() == Kind::Permits {
+                match crate::permits::acquire_or_park(self.shared, entry_ptr, task) {
+                    PermitOutcome::Run(t, p) => {
+                        task = t;
+                        permit = p;
+                    }
+                    PermitOutcome::Parked => return After::Continue,
+                    PermitOutcome::Dropped => {
+                        self.bump(|c| &c.dropped);
+                        self.release_capacity();
+                        continue;
                     }
                 }
-                _ => {}
             }
             self.slot
                 .current
@@ -816,6 +833,11 @@ where
                 unsafe { chain.unpop(task.into_raw()) };
                 self.shared.global.push(Runnable::Chain(entry_ptr));
                 return After::Exit;
+            }
+            if task.kind() == Kind::Distinct {
+                // Started: a new distinct task of the key is accepted from now on. (Not before
+                // `enter_running`: a stopped worker puts the task back for another.)
+                self.shared.claims.release(entry.key(), entry.hash());
             }
             self.release_capacity();
             self.bump(|c| &c.started);

@@ -686,3 +686,43 @@ fn submit_distinct_keeps_the_first_across_key_retirement() {
     s.shutdown();
     assert!(s.await_termination(PATIENCE));
 }
+
+/// `shutdown_now` while distinct tasks wait on their keys' chains (a permit-gated task gives each
+/// key a chain): a worker that meets the stop puts the chain back for a sibling not yet stopped,
+/// so a distinct task's claim is released when the task starts, never twice (a second release
+/// used to kill a worker in debug builds and hang `shutdown_now`).
+#[test]
+fn shutdown_now_with_distinct_tasks_queued_on_chains() {
+    let rounds = env_or("KEYSERIAL_STRESS_ROUNDS", if cfg!(miri) { 2 } else { 100 });
+    for round in 0..rounds {
+        let s = Arc::new(Builder::<u32>::new().workers(4).build().unwrap());
+        let sem = keyserial::Semaphore::new(1 << 20);
+        let submitter = {
+            let (s, sem) = (s.clone(), sem.clone());
+            std::thread::spawn(move || {
+                for i in 0u32.. {
+                    let k = i % 64;
+                    if s.submit_with_permits(k, &sem, 1, || ()).is_err() {
+                        break;
+                    }
+                    let _ = s.submit_distinct(k, || ());
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(2));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stopper = s.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(stopper.shutdown_now().len());
+        });
+        assert!(
+            rx.recv_timeout(PATIENCE).is_ok(),
+            "round {round}: shutdown_now did not return"
+        );
+        submitter.join().unwrap();
+        assert!(
+            s.await_termination(PATIENCE),
+            "round {round}: no termination"
+        );
+    }
+}
