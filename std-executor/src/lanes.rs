@@ -1,7 +1,7 @@
 //! Lanes: the front door of every keyed submission.
 //!
 //! Keys hash onto a fixed number of *lanes* (twice the core workers, a power of two); each lane
-//! is a FIFO of [`Item`]s (key, task) in submission order. A lane is not tied to a thread:
+//! is a FIFO of [`Item`]s (key, hash, task) in submission order. A lane is not tied to a thread:
 //! any worker may *own* it, and only its owner pops it, under core's lane word
 //! ([`keyserial_core::lane`], whose module docs give the ownership protocol and the steal). A
 //! plain task of a key that holds no state runs straight from the lane: no key table, no chain,
@@ -46,7 +46,7 @@ use keyserial_core::lane::{Lane as LaneWord, Phase, Watch};
 
 use crate::deferral::Deferrals;
 use crate::lane_task::LaneTask;
-use crate::sync::{Arc, AtomicBool, AtomicUsize, Ordering};
+use crate::sync::{fence, Arc, AtomicBool, AtomicUsize, Ordering};
 
 /// How long a sleeper naps while some lane has items queued behind a busy owner (it must
 /// notice an owner stuck in one task).
@@ -60,10 +60,11 @@ pub(crate) const STEAL_AFTER: std::time::Duration = std::time::Duration::from_mi
 /// The worker id `shutdown_now` uses to take lanes (never a real worker's).
 pub(crate) const STOPPER: usize = keyserial_core::lane::MAX_WORKER;
 
-/// One keyed submission in a lane: the key and its task (32 bytes for a `u64` key; the key's
-/// hash is computed again where it is needed, which costs less than a wider slot).
+/// One keyed submission in a lane: the key, its hash (the table's hasher) and its task; 24
+/// bytes for a `u64` key, so the queue's 32-byte slots sit two to a cache line.
 pub(crate) struct Item<K> {
     pub(crate) key: K,
+    pub(crate) hash: u64,
     pub(crate) task: LaneTask,
 }
 
@@ -73,6 +74,16 @@ pub(crate) struct Lane<K> {
     pub(crate) queue: SegQueue<Item<K>>,
     /// Keys whose items go to a deferral (only the lane's owner touches it).
     pub(crate) deferrals: Deferrals<K>,
+}
+
+impl<K> Lane<K> {
+    /// The owner `me` found the lane empty: releases it, then looks once more (see "Waking for
+    /// a push"); `true` if an item came meanwhile and `me` owns the lane again.
+    pub(crate) fn release_or_keep(&self, me: usize) -> bool {
+        self.word.release(me);
+        fence(Ordering::SeqCst);
+        !self.queue.is_empty() && self.word.try_acquire(me)
+    }
 }
 
 /// Live key-table entries per lane: a lane whose count is 0 has no tracked key, and its owner
@@ -175,19 +186,20 @@ impl<K> Lanes<K> {
         &self.lanes[l]
     }
 
-    /// Pushes `item` (of key hash `hash`) onto its lane; returns the lane's phase after the
-    /// push (see "Waking for a push" in the module docs).
-    pub(crate) fn push(&self, hash: u64, item: Item<K>) -> Phase {
-        let lane = &self.lanes[self.index_of(hash)];
+    /// Pushes `item` onto its lane; returns the lane's phase after the push (see "Waking for a
+    /// push" in the module docs).
+    pub(crate) fn push(&self, item: Item<K>) -> Phase {
+        let lane = &self.lanes[self.index_of(item.hash)];
         lane.queue.push(item);
-        std::sync::atomic::fence(Ordering::SeqCst);
+        fence(Ordering::SeqCst);
         lane.word.phase()
     }
 
     /// A lane that is `FREE` with items queued, taken by worker `me`: its home lanes first
-    /// (`home = (mine, of)`: lanes `l` with `l % of == mine`), then the others, each in an
-    /// order that rotates with `turn`. Every fourth turn skips the preference, so a worker
-    /// whose home lanes never run dry still serves a lane whose home worker is stuck.
+    /// (`home = (mine, of)`: lanes `l` with `l % of == mine`), starting with the one after
+    /// the home lane it served last (`turn`), then the others. (A worker whose home lanes never
+    /// run dry leaves the others to their home workers; a lane left waiting that way is taken by
+    /// `WorkerLoop::lane_stuck_since_last_look`.)
     pub(crate) fn acquire_free(
         &self,
         me: usize,
@@ -195,23 +207,22 @@ impl<K> Lanes<K> {
         turn: usize,
     ) -> Option<usize> {
         let n = self.lanes.len();
-        let take = |l: usize| {
-            let lane = &self.lanes[l];
-            lane.word.phase() == Phase::Free && !lane.queue.is_empty() && lane.word.try_acquire(me)
-        };
-        if let Some((mine, of)) = home.filter(|&(mine, _)| mine < n && turn % 4 != 3) {
+        if let Some((mine, of)) = home.filter(|&(mine, _)| mine < n) {
             let count = (n - mine).div_ceil(of);
             if let Some(l) = (0..count)
                 .map(|i| mine + ((turn + i) % count) * of)
-                .find(|&l| take(l))
+                .find(|&l| self.try_take(l, me))
             {
                 return Some(l);
             }
         }
-        // The start rotates with the turns that skip the preference (a start tied to `turn`
-        // itself would always be the same lane on those turns).
-        let start = turn / 4;
-        (0..n).map(|i| (start + i) % n).find(|&l| take(l))
+        (0..n).find(|&l| self.try_take(l, me))
+    }
+
+    /// Takes lane `l` for `me` if it is `FREE` with items queued.
+    pub(crate) fn try_take(&self, l: usize, me: usize) -> bool {
+        let lane = &self.lanes[l];
+        lane.word.phase() == Phase::Free && !lane.queue.is_empty() && lane.word.try_acquire(me)
     }
 
     /// Whether any lane has items queued (perhaps behind an owner that may get stuck).

@@ -61,11 +61,12 @@ where
     let mut item = item;
     if item.task.kind() == Kind::LatestCell {
         // A pending latest task's cell: from here on its task is routed like any other.
-        let Item { key, task } = item;
+        let Item { key, hash, task } = item;
         match sh.latest.take(hash, task.into_task()) {
             Some(task) => {
                 item = Item {
                     key,
+                    hash,
                     task: LaneTask::node(task),
                 }
             }
@@ -81,7 +82,7 @@ where
         return Route::Direct(item);
     }
     let guard = crossbeam_epoch::pin();
-    let Item { key, task } = item;
+    let Item { key, task, .. } = item;
     let mut node = task.into_task().into_raw();
     loop {
         let entry: &KeyEntry<K> = if plain {
@@ -91,7 +92,7 @@ where
                     // SAFETY: `node` is the item's task, given up by `into_raw` above (or handed
                     // back by a bounced push below): ours, queued nowhere.
                     let task = LaneTask::node(unsafe { TaskRef::from_raw(node) });
-                    return Route::Direct(Item { key, task });
+                    return Route::Direct(Item { key, hash, task });
                 }
             }
         } else {

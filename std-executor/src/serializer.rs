@@ -1,7 +1,7 @@
 //! The serializer: the public face of keyserial.
 
 use std::fmt;
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -444,7 +444,7 @@ where
             return Ok(());
         };
         // Keep-first: a `submit_distinct` claims its key until its task starts (`claims.rs`).
-        let hash = sh.table.hasher().hash_one(&key);
+        let hash = sh.hash_of(&key);
         if kind == Kind::Distinct && !sh.claims.claim(&key, hash) {
             drop(ticket);
             release_cap();
@@ -457,13 +457,11 @@ where
             let mut seen = LanePhase::Owned;
             let push = |cell| {
                 let task = LaneTask::node(cell);
-                seen = sh.lanes.push(
+                seen = sh.lanes.push(Item {
+                    key: key.clone(),
                     hash,
-                    Item {
-                        key: key.clone(),
-                        task,
-                    },
-                );
+                    task,
+                });
             };
             if let Offered::Replaced(old) = sh.latest.offer(&key, hash, task.into_task(), push) {
                 old.abandon(Abandon::Superseded);
@@ -474,7 +472,7 @@ where
             }
             seen
         } else {
-            let phase = sh.lanes.push(hash, Item { key, task });
+            let phase = sh.lanes.push(Item { key, hash, task });
             sh.latest.seal(hash);
             phase
         };

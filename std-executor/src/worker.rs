@@ -76,7 +76,7 @@ use std::time::Duration;
 
 use crossbeam_deque::{Steal, Worker};
 use crossbeam_utils::Backoff;
-use keyserial_core::lane::{Ended, Watch};
+use keyserial_core::lane::{Ended, Phase, Watch};
 
 use crate::deferral::Deferral;
 use crate::lanes::{Item, POLL, STEAL_AFTER};
@@ -179,6 +179,8 @@ struct WorkerLoop<'a, K> {
     /// Each lane as seen inside a task with items waiting, at the last look (`watched_at`); see
     /// "Finding work".
     watched: Vec<Option<Watch>>,
+    /// Each lane seen `FREE` with items waiting at the last look.
+    seen_free: Vec<bool>,
     watched_at: std::time::Instant,
     tick: u32,
     now: u64,
@@ -223,6 +225,7 @@ where
             home: (index < shared.config.workers).then_some((index, shared.config.workers)),
             turn: 0,
             watched: vec![None; shared.lanes.len()],
+            seen_free: vec![false; shared.lanes.len()],
             watched_at: std::time::Instant::now(),
             tick: 0,
             now: shared.now_ms(),
@@ -447,7 +450,6 @@ where
     }
 
     fn acquire_lane(&mut self) -> Option<usize> {
-        self.turn = self.turn.wrapping_add(1);
         self.shared
             .lanes
             .acquire_free(self.index, self.home, self.turn)
@@ -522,18 +524,16 @@ where
         loop {
             if ran >= budget {
                 lane.word.release(self.index);
+                self.turn = self.turn.wrapping_add(1);
                 return After::Continue;
             }
             let Some(item) = lane.queue.pop() else {
-                lane.word.release(self.index);
-                // Pairs with a push's fence (lanes.rs, "Waking for a push").
-                std::sync::atomic::fence(Ordering::SeqCst);
-                if !lane.queue.is_empty() && lane.word.try_acquire(self.index) {
+                if lane.release_or_keep(self.index) {
                     continue;
                 }
                 return After::Continue;
             };
-            let hash = sh.hash_of(&item.key);
+            let hash = item.hash;
             let Some(item) = lane.deferrals.divert(item, hash) else {
                 continue;
             };
@@ -576,7 +576,7 @@ where
     /// `run_direct` once the slot is `RUNNING` (`enter_running` succeeded).
     fn run_entered(&mut self, lane: Option<usize>, item: Item<K>, hash: u64) -> Direct {
         let sh = self.shared;
-        let Item { key, task } = item;
+        let Item { key, task, .. } = item;
         // `key` stays here, unmoved, until it is dropped after the task.
         #[cfg(debug_assertions)]
         self.slot
@@ -635,7 +635,7 @@ where
                 return false;
             };
             let local = self.owned.as_ref().map(|o| &o.deque);
-            let hash = self.shared.hash_of(&item.key);
+            let hash = item.hash;
             let item = match route(self.shared, item, hash, local, false) {
                 Route::Direct(item) => item,
                 Route::Queued => continue,
@@ -672,7 +672,9 @@ where
     /// The same for a worker that has work of its own (it never runs dry, so it never waits
     /// as above): at most every [`STEAL_AFTER`], it compares each lane with what it saw at its
     /// previous look, and takes one whose owner is still inside the same task with items
-    /// waiting. The criterion is progress, and a busy worker looks between its own turns.
+    /// waiting, or one still `FREE` with items waiting (its home worker never came: it may be
+    /// stuck in a task of another lane). The criterion is progress, not a clock on the fast
+    /// path, and a busy worker looks between its own turns.
     fn lane_stuck_since_last_look(&mut self) -> Option<usize> {
         let now = std::time::Instant::now();
         if now.duration_since(self.watched_at) < STEAL_AFTER {
@@ -683,8 +685,19 @@ where
         let mut found = None;
         for l in 0..lanes.len() {
             let prev = self.watched[l].take();
+            let was_free = std::mem::take(&mut self.seen_free[l]);
             let lane = lanes.get(l);
             if lane.queue.is_empty() {
+                continue;
+            }
+            if lane.word.phase() == Phase::Free {
+                // Waiting for a worker at two looks in a row (its home worker is busy, perhaps
+                // stuck): take it, if this worker has not found another already.
+                if was_free && found.is_none() && lanes.try_take(l, self.index) {
+                    found = Some(l);
+                } else {
+                    self.seen_free[l] = true;
+                }
                 continue;
             }
             if let Some(prev) = prev.filter(|p| found.is_none() && lane.word.is_still(p)) {
