@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use crate::error::{BuildError, BuildErrorKind};
 
-/// Configures and builds a [`Serializer`].
+/// Configures and builds a [`Serializer`](crate::Serializer).
 ///
 /// | setting | default | meaning |
 /// |---|---|---|
 /// | [`workers`](Self::workers) | available parallelism | core worker threads, always running |
 /// | [`max_workers`](Self::max_workers) | = `workers` | elastic ceiling: extra threads start when every worker is busy or blocked and work waits |
 /// | [`worker_keep_alive`](Self::worker_keep_alive) | 10 s | how long an idle extra worker lives |
-/// | [`key_idle_timeout`](Self::key_idle_timeout) | 100 ms | how long a drained key keeps its state (at most 1,024 idle keys per worker; 0 = release at once) |
+/// | [`key_idle_timeout`](Self::key_idle_timeout) | 100 ms | how long a drained key keeps its state, for keys that have some (see [`Stats::active_keys`](crate::Stats::active_keys); at most 1,024 idle keys per worker; 0 = release at once) |
 /// | [`fairness_budget`](Self::fairness_budget) | 64 | tasks of one key a worker runs before it lets other keys go first |
 /// | [`capacity`](Self::capacity) | unbounded | queued (not running) tasks; `submit` blocks and `try_submit` refuses when full |
 /// | [`thread_name`](Self::thread_name) | `"keyserial"` | worker thread name prefix (`name-0`, `name-1`, …) |

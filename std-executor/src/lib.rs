@@ -4,9 +4,11 @@
 //!
 //! Every user's requests, every trade's messages, every device's events: each stream must be
 //! handled in arrival order, but unrelated streams must never wait for each other. A
-//! [`Serializer`] gives each key a lock-free task chain (from `keyserial-core`); whichever worker
-//! holds the key's `ACTIVE` baton drains it, so a key never runs two tasks at once, and a slow key
-//! delays nobody else.
+//! [`Serializer`] hashes keys onto *lanes*, FIFOs that any worker may serve (one at a time); a
+//! worker stuck in a task loses its lane to an idle worker, and only the stuck task's key waits
+//! for it. A key that needs state (a permit wait, a backlog behind its own tasks) gets a lock-free
+//! task chain of its own (from `keyserial-core`) that one worker at a time drains. So a key never
+//! runs two tasks at once, and a slow key delays nobody else.
 //!
 //! ```
 //! use keyserial::Serializer;

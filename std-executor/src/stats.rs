@@ -14,7 +14,9 @@
 pub struct Stats {
     /// Live worker threads (core plus elastic).
     pub workers: usize,
-    /// Keys that currently hold state (a chain), including idle keys not yet released.
+    /// Keys that currently hold state (an entry with a chain), including idle ones not yet
+    /// released. A key holds state only while it needs it (a permit-gated task, a backlog that
+    /// was moved off its lane): plain tasks of a key run straight from its lane and make none.
     pub active_keys: usize,
     /// Tasks admitted and not yet started.
     pub queued: usize,
