@@ -10,10 +10,10 @@
 //! lanes and the ready queues below (where tracked keys' chains and unkeyed tasks wait), so
 //! neither starves the other.
 //!
-//! An idle worker takes over a lane whose owner has sat inside one task for `STEAL_AFTER` with
-//! items waiting, deferring only that task's key (`deferral.rs`); a busy worker does the same,
-//! between its own turns, for a lane it saw inside the same task at its previous look. The stolen
-//! owner runs the deferral when its task returns.
+//! A worker takes over a lane whose owner it finds inside the same task, with items waiting, at
+//! two looks at least `STEAL_AFTER` apart, deferring only that task's key (`deferral.rs`); the
+//! stolen owner runs the deferral when its task returns. Nobody waits to look: a busy worker
+//! looks between its own turns, an idle one between its spins and naps.
 //!
 //! # Fairness in a lane
 //!
@@ -259,10 +259,7 @@ where
             // Stay BUSY from one runnable to the next: the phase goes back to IDLE only when
             // the search comes back empty (a STOP meanwhile is seen by `enter_running`, which
             // then hands back what was found).
-            while let Some(w) = self
-                .find_work()
-                .or_else(|| self.steal_stuck_lane().map(Work::Lane))
-            {
+            while let Some(w) = self.find_work() {
                 spins = 0;
                 if let After::Exit = self.found(w) {
                     return;
@@ -652,29 +649,13 @@ where
         }
     }
 
-    /// A lane whose owner has been inside one task for [`STEAL_AFTER`] with items waiting,
-    /// taken over (`OWNED` by this worker), the stuck task's key deferred. For a worker with
-    /// nothing else to do: it watches, waits, and looks again.
-    fn steal_stuck_lane(&mut self) -> Option<usize> {
-        let seen = self.shared.lanes.watch_busy();
-        if seen.is_empty() {
-            return None;
-        }
-        let t0 = std::time::Instant::now();
-        while t0.elapsed() < STEAL_AFTER {
-            std::hint::spin_loop();
-        }
-        seen.into_iter()
-            .find(|(l, w)| self.try_steal_lane(*l, w))
-            .map(|(l, _)| l)
-    }
-
-    /// The same for a worker that has work of its own (it never runs dry, so it never waits
-    /// as above): at most every [`STEAL_AFTER`], it compares each lane with what it saw at its
-    /// previous look, and takes one whose owner is still inside the same task with items
-    /// waiting, or one still `FREE` with items waiting (its home worker never came: it may be
-    /// stuck in a task of another lane). The criterion is progress, not a clock on the fast
-    /// path, and a busy worker looks between its own turns.
+    /// A lane taken over from an owner stuck in one task (the task's key deferred), or left
+    /// waiting by its home worker. At most every [`STEAL_AFTER`], a worker compares each lane
+    /// with what it saw at its previous look, and takes one whose owner is still inside the same
+    /// task with items waiting, or one still `FREE` with items waiting (its home worker never
+    /// came: it may be stuck in a task of another lane). The criterion is progress, and nobody
+    /// waits for it: a busy worker looks between its own turns, an idle one between its spins
+    /// and naps ([`POLL`] while any lane has items).
     fn lane_stuck_since_last_look(&mut self) -> Option<usize> {
         let now = std::time::Instant::now();
         if now.duration_since(self.watched_at) < STEAL_AFTER {
