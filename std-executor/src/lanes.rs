@@ -39,7 +39,16 @@
 //! onto the key's chain, or onto the key's deferral, and each of those runs its items in push
 //! order, by one runner at a time; `route.rs` shows that a key is never in two of those places
 //! with items at once.
+//!
+//! # Loom
+//!
+//! The two halves of "Waking for a push" are the generic functions [`push_then_look`] and
+//! [`release_then_look`] (with [`take_if_free`] and [`any_queued`]), which `Lanes` and `Lane`
+//! call; under `cfg(loom)` they are exported as `loom_hooks` (through `loom_api::lanes`) and the
+//! lane's FIFO is a loom-aware stand-in for `SegQueue` (see [`Fifo`]), so the models in
+//! `loom/tests/lanes.rs` run this very code over core's real lane word.
 
+#[cfg(not(loom))]
 use crossbeam_queue::SegQueue;
 use crossbeam_utils::CachePadded;
 use keyserial_core::lane::{Lane as LaneWord, Phase, Watch};
@@ -47,6 +56,130 @@ use keyserial_core::lane::{Lane as LaneWord, Phase, Watch};
 use crate::deferral::Deferrals;
 use crate::lane_task::LaneTask;
 use crate::sync::{fence, Arc, AtomicBool, AtomicUsize, Ordering};
+
+/// A lane's FIFO: crossbeam's `SegQueue`.
+#[cfg(not(loom))]
+pub(crate) type Fifo<T> = SegQueue<T>;
+
+/// A lane's FIFO under loom: `SegQueue` is not loom-aware, so a `VecDeque` under a loom mutex
+/// holds the items, and a length word mirrors `SegQueue`'s indices: `push` raises it with a
+/// `SeqCst` RMW (as `SegQueue::push` CASes its tail index, `SeqCst`) and `is_empty` reads it
+/// without the lock (as `SegQueue::is_empty` loads the indices, `SeqCst`). The emptiness check
+/// therefore synchronises with nothing but that word, as with the real queue: the lock must not
+/// lend the "Waking for a push" protocol a happens-before the real queue does not give it.
+#[cfg(loom)]
+pub struct Fifo<T> {
+    items: crate::sync::Mutex<std::collections::VecDeque<T>>,
+    /// `items.len()`, changed under the lock, read without it.
+    len: AtomicUsize,
+}
+
+#[cfg(loom)]
+impl<T> Default for Fifo<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(loom)]
+impl<T> Fifo<T> {
+    /// An empty FIFO.
+    pub fn new() -> Self {
+        Fifo {
+            items: crate::sync::Mutex::new(std::collections::VecDeque::new()),
+            len: AtomicUsize::new(0),
+        }
+    }
+
+    /// Appends `item`.
+    pub fn push(&self, item: T) {
+        let mut items = crate::sync::lock(&self.items);
+        items.push_back(item);
+        self.len.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Takes the oldest item, if any.
+    pub fn pop(&self) -> Option<T> {
+        let mut items = crate::sync::lock(&self.items);
+        let item = items.pop_front();
+        if item.is_some() {
+            self.len.fetch_sub(1, Ordering::SeqCst);
+        }
+        item
+    }
+
+    /// Whether it holds no item (a snapshot, without the lock).
+    pub fn is_empty(&self) -> bool {
+        self.len.load(Ordering::SeqCst) == 0
+    }
+
+    /// How many items it holds (a snapshot, without the lock).
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::SeqCst)
+    }
+}
+
+/// The submitter's half of "Waking for a push": pushes `item` onto the lane (`word`, `queue`),
+/// issues a `SeqCst` fence, and returns the lane's phase as read after it.
+#[inline]
+pub(crate) fn push_then_look<T>(word: &LaneWord, queue: &Fifo<T>, item: T) -> Phase {
+    queue.push(item);
+    fence(Ordering::SeqCst);
+    word.phase()
+}
+
+/// The owner's half of "Waking for a push": the owner `me` found the lane (`word`, `queue`)
+/// empty; releases it, issues a `SeqCst` fence, and looks once more. `true` if an item came
+/// meanwhile and `me` owns the lane again.
+#[inline]
+pub(crate) fn release_then_look<T>(word: &LaneWord, queue: &Fifo<T>, me: usize) -> bool {
+    word.release(me);
+    fence(Ordering::SeqCst);
+    !queue.is_empty() && word.try_acquire(me)
+}
+
+/// Takes the lane (`word`, `queue`) for `me` if it is `FREE` with items queued.
+#[inline]
+pub(crate) fn take_if_free<T>(word: &LaneWord, queue: &Fifo<T>, me: usize) -> bool {
+    word.phase() == Phase::Free && !queue.is_empty() && word.try_acquire(me)
+}
+
+/// Whether any of `queues` has items queued.
+#[inline]
+pub(crate) fn any_queued<'a, T: 'a>(mut queues: impl Iterator<Item = &'a Fifo<T>>) -> bool {
+    queues.any(|q| !q.is_empty())
+}
+
+/// Hooks for the loom models in `loom/` (only under `cfg(loom)`): the halves of "Waking for a
+/// push" that `Lanes::push`, `Lane::release_or_keep`, `Lanes::try_take` and
+/// `Lanes::queued_anywhere` are made of, over any item type.
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_hooks {
+    use keyserial_core::lane::{Lane as LaneWord, Phase};
+
+    pub use super::Fifo;
+
+    /// `Lanes::push` after choosing the lane: push, `SeqCst` fence, read the phase.
+    pub fn push<T>(word: &LaneWord, queue: &Fifo<T>, item: T) -> Phase {
+        super::push_then_look(word, queue, item)
+    }
+
+    /// `Lane::release_or_keep`: release, `SeqCst` fence, look once more and re-acquire.
+    pub fn release_or_keep<T>(word: &LaneWord, queue: &Fifo<T>, me: usize) -> bool {
+        super::release_then_look(word, queue, me)
+    }
+
+    /// `Lanes::try_take` on one lane: take it if it is `FREE` with items queued.
+    pub fn try_take<T>(word: &LaneWord, queue: &Fifo<T>, me: usize) -> bool {
+        super::take_if_free(word, queue, me)
+    }
+
+    /// `Lanes::queued_anywhere` over `queues`.
+    pub fn queued_anywhere<T>(queues: &[&Fifo<T>]) -> bool {
+        super::any_queued(queues.iter().copied())
+    }
+}
 
 /// How long a sleeper naps while some lane has items queued behind a busy owner (it must
 /// notice an owner stuck in one task).
@@ -71,7 +204,7 @@ pub(crate) struct Item<K> {
 /// One lane: its ownership word, its FIFO and the keys deferred from it.
 pub(crate) struct Lane<K> {
     pub(crate) word: CachePadded<LaneWord>,
-    pub(crate) queue: SegQueue<Item<K>>,
+    pub(crate) queue: Fifo<Item<K>>,
     /// Keys whose items go to a deferral (only the lane's owner touches it).
     pub(crate) deferrals: Deferrals<K>,
 }
@@ -80,9 +213,7 @@ impl<K> Lane<K> {
     /// The owner `me` found the lane empty: releases it, then looks once more (see "Waking for
     /// a push"); `true` if an item came meanwhile and `me` owns the lane again.
     pub(crate) fn release_or_keep(&self, me: usize) -> bool {
-        self.word.release(me);
-        fence(Ordering::SeqCst);
-        !self.queue.is_empty() && self.word.try_acquire(me)
+        release_then_look(&self.word, &self.queue, me)
     }
 }
 
@@ -160,7 +291,7 @@ impl<K> Lanes<K> {
             lanes: (0..n)
                 .map(|_| Lane {
                     word: CachePadded::new(LaneWord::new()),
-                    queue: SegQueue::new(),
+                    queue: Fifo::new(),
                     deferrals: Deferrals::new(),
                 })
                 .collect(),
@@ -190,9 +321,7 @@ impl<K> Lanes<K> {
     /// push" in the module docs).
     pub(crate) fn push(&self, item: Item<K>) -> Phase {
         let lane = &self.lanes[self.index_of(item.hash)];
-        lane.queue.push(item);
-        fence(Ordering::SeqCst);
-        lane.word.phase()
+        push_then_look(&lane.word, &lane.queue, item)
     }
 
     /// A lane that is `FREE` with items queued, taken by worker `me`: its home lanes first
@@ -222,12 +351,20 @@ impl<K> Lanes<K> {
     /// Takes lane `l` for `me` if it is `FREE` with items queued.
     pub(crate) fn try_take(&self, l: usize, me: usize) -> bool {
         let lane = &self.lanes[l];
-        lane.word.phase() == Phase::Free && !lane.queue.is_empty() && lane.word.try_acquire(me)
+        take_if_free(&lane.word, &lane.queue, me)
+    }
+
+    /// Whether a lane other than `l` is `FREE` with items queued (work for another worker).
+    pub(crate) fn free_work_except(&self, l: usize) -> bool {
+        self.lanes
+            .iter()
+            .enumerate()
+            .any(|(i, lane)| i != l && lane.word.phase() == Phase::Free && !lane.queue.is_empty())
     }
 
     /// Whether any lane has items queued (perhaps behind an owner that may get stuck).
     pub(crate) fn queued_anywhere(&self) -> bool {
-        self.lanes.iter().any(|l| !l.queue.is_empty())
+        any_queued(self.lanes.iter().map(|l| &l.queue))
     }
 
     /// Lanes whose owner is inside a task with items waiting behind it, as seen now.

@@ -206,6 +206,7 @@ pub mod loom_api {
     pub use crate::capacity::Capacity;
     pub use crate::gate::{Gate, Ticket};
     pub use crate::idle_word::{IdleWord, Reap};
+    pub use crate::lanes::loom_hooks as lanes;
     pub use crate::latest::{LatestSlot, Offer};
     pub use crate::permit_wait::{Handoff, PermitWait, WaitRegistry, Winner};
     pub use crate::phase::{AfterTask, Phase, Stopped};

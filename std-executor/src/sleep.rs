@@ -139,6 +139,11 @@ impl Sleep {
         self.word.load(Ordering::Acquire)
     }
 
+    /// `true` if some worker is registered as asleep.
+    pub fn has_sleepers(&self) -> bool {
+        sleepers(self.word.load(Ordering::Acquire)) > 0
+    }
+
     /// `true` if some worker is searching or asleep (capacity is available).
     pub fn has_idle_worker(&self) -> bool {
         let w = self.word.load(Ordering::Acquire);

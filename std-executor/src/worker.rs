@@ -343,8 +343,10 @@ where
             parker.park_timeout(timeout.min(POLL));
             return;
         }
-        // A deep sleep: register first, then look once more (pairs with a push's fence).
+        // A deep sleep: register first, then look once more (pairs with a push's fence; the
+        // fence makes that pairing independent of the queue's own orderings).
         lanes.deep.fetch_add(1, Ordering::SeqCst);
+        crate::sync::fence(Ordering::SeqCst);
         if lanes.queued_anywhere() {
             parker.park_timeout(timeout.min(POLL));
         } else {
@@ -446,10 +448,16 @@ where
         None
     }
 
+    /// A free lane with items, taken. If other lanes wait for a worker too, one more sleeper
+    /// is woken: this worker serves one lane at a time, and a sleeper that naps would come back
+    /// only after its nap (rayon's rule, the half that follows finding work).
     fn acquire_lane(&mut self) -> Option<usize> {
-        self.shared
-            .lanes
-            .acquire_free(self.index, self.home, self.turn)
+        let sh = self.shared;
+        let l = sh.lanes.acquire_free(self.index, self.home, self.turn)?;
+        if sh.sleep.has_sleepers() && sh.lanes.free_work_except(l) {
+            sh.sleep.wake_one();
+        }
+        Some(l)
     }
 
     fn find_runnable(&mut self) -> Option<Runnable<K>> {
