@@ -11,9 +11,13 @@
 //! is a `SeqCst` length word read without the lock, as `SegQueue::is_empty` reads its indices, so
 //! the emptiness check borrows no happens-before from the lock that the real queue would not give.
 //!
-//! **What is transcribed** (those files are not this model's to change): the notify rule of
-//! `Shared::pushed` (shared.rs: notify iff the phase read is `FREE` or `deep > 0`, a `SeqCst`
-//! load), and the sleeper's registration in `WorkerLoop::park` (worker.rs: look at every lane; if
+//! The submitter's whole rule is real too (`push_then_look` returns what to do: nothing while a
+//! worker searches, the elastic hint while nobody is idle, and, while a worker sleeps and none
+//! searches, a notify iff the lane is `FREE` or `deep > 0`); models (a) to (c) give it a sleep
+//! word reading "asleep, not searching", the case in which the lane decides.
+//!
+//! **What is transcribed** (worker.rs is not a loom-checked module): the sleeper's registration
+//! in `WorkerLoop::park` (worker.rs: look at every lane; if
 //! none has items, `deep.fetch_add(1, SeqCst)` and look once more; sleep without a bound only if
 //! that look found nothing). `deep` is the models' own loom `AtomicUsize`, as `Lanes::deep` is. A
 //! sleeper's `fetch_sub` after its sleep is left out: it comes after the window the claims are
@@ -32,6 +36,12 @@
 //!   releases it (claims 1 and 3).
 //! - [`push_behind_a_running_owner_vs_deep_sleeper`]: the owner is inside a task (`RUNNING`, via
 //!   core's `begin`); one submitter, one sleeper (claim 2).
+//! - [`push_vs_worker_going_to_sleep`]: no owner, a free lane; a worker that was searching
+//!   registers as asleep (the real `Sleep::try_sleep`), then looks for a free lane with items
+//!   (`park`'s fence, transcribed, and the real `free_work`); the submitter reads the real sleep
+//!   word (`Sleep::idle_now`) and wakes nobody while a worker searches or none sleeps. The same
+//!   fence pairing: either it sees the registration and notifies, or the sleeper sees the item
+//!   (removing the sleeper's fence fails this model).
 //! - [`two_pushes_vs_owner_and_woken_workers`]: two submitters and the owner; a submitter that
 //!   sees `FREE` then acts as the worker its notify wakes (the real `try_take`, then popping and
 //!   `release_or_keep` like an owner). Every item is popped by the end, and the lane is never
@@ -58,7 +68,8 @@
 
 use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
 
-use keyserial::loom_api::lanes::{self as hooks, Fifo};
+use keyserial::loom_api::lanes::{self as hooks, AfterPush, Fifo};
+use keyserial::loom_api::{Parker, Sleep};
 use keyserial_core::lane::{Lane, Phase};
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{fence, AtomicUsize, Ordering};
@@ -100,12 +111,12 @@ impl World {
         w
     }
 
-    /// The submitter: `Lanes::push` (real), then `Shared::pushed`'s rule (transcribed). Returns
-    /// the phase it read and whether it notifies.
-    fn submit(&self, item: u32) -> (Phase, bool) {
-        let phase = hooks::push(&self.word, &self.queue, item);
-        let notify = phase == Phase::Free || self.deep.load(Ordering::SeqCst) > 0;
-        (phase, notify)
+    /// The submitter: `Lanes::push` (real), with the sleep word reading "a worker is asleep,
+    /// none searching" (the case in which the lane's phase decides; model (d) checks the
+    /// others). Returns whether it notifies.
+    fn submit(&self, item: u32) -> bool {
+        let after = hooks::push(&self.word, &self.queue, item, &self.deep, || (true, false));
+        after == AfterPush::Notify
     }
 
     /// One pop by the lane's owner (the caller owns the lane).
@@ -203,8 +214,7 @@ fn push_vs_owner_going_idle() {
         let owner = spawn(&w, |w| w.own(OWNER));
         let submitter = spawn(&w, |w| w.submit(1));
         let (popped, kept) = owner.join().unwrap();
-        let (phase, notify) = submitter.join().unwrap();
-        assert_eq!(notify, phase == Phase::Free, "no deep sleeper here");
+        let notify = submitter.join().unwrap();
         assert_eq!(w.word.phase(), Phase::Free, "the owner left the lane owned");
         let left = w.leftovers();
         assert_eq!(
@@ -214,7 +224,7 @@ fn push_vs_owner_going_idle() {
         );
         assert!(
             popped == [1] || notify,
-            "lost wakeup: item queued, owner gone ({phase:?} read by the submitter)"
+            "lost wakeup: item queued, owner gone, submitter read no FREE"
         );
         match (popped.as_slice(), kept, notify) {
             ([1], 0, false) => count(&OUTCOMES, 0),
@@ -243,9 +253,9 @@ fn running_owner_vs_sleeper(fenced: bool, outcomes: &'static [StdAtomicUsize]) {
         let sleeper = spawn(&w, move |w| w.sleep(fenced));
         let submitter = spawn(&w, |w| w.submit(1));
         let saw_item = sleeper.join().unwrap();
-        let (phase, notify) = submitter.join().unwrap();
+        let notify = submitter.join().unwrap();
         assert_eq!(
-            phase,
+            w.word.phase(),
             Phase::Running,
             "the owner never leaves its task here"
         );
@@ -289,8 +299,7 @@ fn two_pushes_vs_owner_and_woken_workers() {
         let owner = spawn(&w, |w| w.own(OWNER).0);
         let submitters = [1u32, 2].map(|me| {
             spawn(&w, move |w| {
-                let (phase, notify) = w.submit(me);
-                assert_eq!(notify, phase == Phase::Free);
+                let notify = w.submit(me);
                 let took = notify && hooks::try_take(&w.word, &w.queue, me as usize);
                 let popped = if took {
                     w.own(me as usize).0
@@ -331,6 +340,67 @@ fn two_pushes_vs_owner_and_woken_workers() {
             "the owner popped both, nobody notified",
             "notified, the owner popped it anyway",
             "a woken worker took the lane",
+        ],
+    );
+}
+
+#[test]
+fn push_vs_worker_going_to_sleep() {
+    // No owner: the lane is FREE. Worker 0 is searching (counted in the sleep word); its search
+    // found nothing, so it registers as asleep (`Sleep::try_sleep`, real) and then, as `park`
+    // does (transcribed: a `SeqCst` fence, then `Lanes::free_work`, real), looks for a free lane
+    // with items once more. One submitter pushes item 1 with the real rule, reading the real
+    // sleep word (`Sleep::idle_now`): while a worker searches or none sleeps it wakes nobody.
+    // Never neither: the submitter notifies, or the sleeper's look sees the item.
+    static OUTCOMES: [StdAtomicUsize; 3] = counters!(3);
+    loom::model(|| {
+        let parker = Parker::new();
+        let sleep = Arc::new(Sleep::new(vec![parker.unparker().clone()].into()));
+        sleep.start_searching();
+        let snapshot = sleep.snapshot();
+        let w = Arc::new(World {
+            word: Lane::new(),
+            queue: Fifo::new(),
+            deep: AtomicUsize::new(0),
+            owned: UnsafeCell::new(0),
+        });
+        let sleeper = {
+            let (w, sleep) = (w.clone(), sleep.clone());
+            thread::spawn(move || {
+                if !sleep.try_sleep(0, snapshot, true) {
+                    return true; // something happened since the snapshot: it searches again
+                }
+                fence(Ordering::SeqCst);
+                hooks::free_work(&[(&w.word, &w.queue)])
+            })
+        };
+        let submitter = {
+            let (w, sleep) = (w.clone(), sleep.clone());
+            thread::spawn(move || {
+                hooks::push(&w.word, &w.queue, 1, &w.deep, || sleep.idle_now()) == AfterPush::Notify
+            })
+        };
+        let saw_item = sleeper.join().unwrap();
+        let notify = submitter.join().unwrap();
+        assert!(
+            notify || saw_item,
+            "lost wakeup: the worker sleeps, the item waits in a free lane, nobody notified"
+        );
+        count(
+            &OUTCOMES,
+            match (notify, saw_item) {
+                (false, true) => 0,
+                (true, false) => 1,
+                _ => 2,
+            },
+        );
+    });
+    assert_all_reached(
+        &OUTCOMES,
+        &[
+            "the sleeper saw the item",
+            "the submitter saw the sleeper",
+            "both",
         ],
     );
 }

@@ -13,21 +13,33 @@
 //!
 //! # Waking for a push (no lost wakeup)
 //!
-//! A submitter pushes its item, issues a `SeqCst` fence, then reads the lane's phase:
+//! A submitter pushes its item, issues a `SeqCst` fence, then reads the sleep word once
+//! (`sleep.rs`: how many workers search, how many sleep); on a busy serializer that is all it
+//! does, and it reads nothing the workers write per task:
 //!
-//! - `FREE`: nobody will pop the lane unless a worker comes: it notifies the sleep word (one
-//!   wakeup if nobody searches; `sleep.rs`).
-//! - `OWNED` / `RUNNING`: the owner pops the item after its current task. An owner that finds the
-//!   lane empty releases it (`FREE`, a Release store), issues a `SeqCst` fence and looks at the
-//!   queue once more, re-acquiring it if it is not empty. The two fences order the push before the
-//!   owner's second look, or the release before the submitter's read of the phase: either the
-//!   owner sees the item or the submitter sees `FREE` and notifies.
-//! - An owner may stay inside one task for long. Idle workers notice that by *watching* lanes in
-//!   `RUNNING` with a backlog: a sleeper whose last look found any lane with queued items parks
-//!   only for [`POLL`] and looks again; one that found every lane empty registers as a *deep*
-//!   sleeper first (`deep += 1`, `SeqCst`), then looks at the lanes once more. A submitter that
-//!   sees `OWNED`/`RUNNING` notifies if `deep > 0`: by the same fence pairing, either it sees the
-//!   deep sleeper or the sleeper sees its item and only naps.
+//! - **A worker searches:** nothing to do. A searcher finds the item, or registers as asleep and
+//!   then looks again (below).
+//! - **Nobody searches or sleeps** (every worker is inside a task or serving a lane): nothing to
+//!   wake; every worker looks at the lanes before it sleeps. (The elastic pool hears of it.)
+//! - **A worker sleeps and none searches:** it reads the lane's phase. `FREE`: nobody will pop
+//!   the lane unless a worker comes: it notifies (one wakeup; `sleep.rs`). `OWNED`/`RUNNING`: the
+//!   owner pops the item after its current task, so it notifies only if some sleeper is *deep*
+//!   (below) and would not notice that owner getting stuck.
+//!
+//! The pairings, each a `SeqCst` fence on both sides, so whichever side comes second sees the
+//! other's write (checked by `loom/tests/lanes.rs`):
+//!
+//! - **An owner that finds its lane empty** releases it (`FREE`), fences and looks at the queue
+//!   once more, re-acquiring it if it is not empty: either it sees the item or the submitter sees
+//!   `FREE`.
+//! - **A worker going to sleep** registers in the sleep word (`Sleep::try_sleep`), fences and
+//!   looks for a `FREE` lane with items; if there is one it does not park. Either it sees the
+//!   item or the submitter sees it asleep.
+//! - **An owner may stay inside one task for long.** Idle workers notice that by comparing lanes
+//!   at two looks (`worker.rs`): a sleeper whose look found any lane with queued items parks only
+//!   for [`POLL`] and looks again; one that found every lane empty registers as a *deep* sleeper
+//!   first (`deep += 1`, fence), then looks at the lanes once more. Either the submitter sees
+//!   `deep > 0` and notifies, or the sleeper sees the item and only naps.
 //!
 //! With the elastic pool, a push behind an owner while no worker is idle also stamps the
 //! starvation clock (`Shared::starving`), as a ready chain does.
@@ -119,13 +131,42 @@ impl<T> Fifo<T> {
     }
 }
 
+/// What a submitter must do after its push (see "Waking for a push").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterPush {
+    /// Nothing: a worker is awake and will look, or the lane's owner will pop the item.
+    Nothing,
+    /// Wake a sleeper.
+    Notify,
+    /// Nothing to wake, and every worker is inside a task: the elastic pool's hint.
+    AllBusy,
+}
+
 /// The submitter's half of "Waking for a push": pushes `item` onto the lane (`word`, `queue`),
-/// issues a `SeqCst` fence, and returns the lane's phase as read after it.
+/// issues a `SeqCst` fence, then reads `idle()` (whether some worker is registered asleep, and
+/// whether some worker is searching: one load of the sleep word) and, only if a worker sleeps
+/// and none searches, the lane's phase and `deep`.
 #[inline]
-pub(crate) fn push_then_look<T>(word: &LaneWord, queue: &Fifo<T>, item: T) -> Phase {
+pub(crate) fn push_then_look<T>(
+    word: &LaneWord,
+    queue: &Fifo<T>,
+    item: T,
+    deep: &AtomicUsize,
+    idle: impl FnOnce() -> (bool, bool),
+) -> AfterPush {
     queue.push(item);
     fence(Ordering::SeqCst);
-    word.phase()
+    match idle() {
+        (_, true) => AfterPush::Nothing,
+        (false, false) => AfterPush::AllBusy,
+        (true, false) => {
+            if word.phase() == Phase::Free || deep.load(Ordering::SeqCst) > 0 {
+                AfterPush::Notify
+            } else {
+                AfterPush::Nothing
+            }
+        }
+    }
 }
 
 /// The owner's half of "Waking for a push": the owner `me` found the lane (`word`, `queue`)
@@ -138,10 +179,16 @@ pub(crate) fn release_then_look<T>(word: &LaneWord, queue: &Fifo<T>, me: usize) 
     !queue.is_empty() && word.try_acquire(me)
 }
 
+/// Whether the lane (`word`, `queue`) is `FREE` with items queued.
+#[inline]
+pub(crate) fn is_free_with_items<T>(word: &LaneWord, queue: &Fifo<T>) -> bool {
+    word.phase() == Phase::Free && !queue.is_empty()
+}
+
 /// Takes the lane (`word`, `queue`) for `me` if it is `FREE` with items queued.
 #[inline]
 pub(crate) fn take_if_free<T>(word: &LaneWord, queue: &Fifo<T>, me: usize) -> bool {
-    word.phase() == Phase::Free && !queue.is_empty() && word.try_acquire(me)
+    is_free_with_items(word, queue) && word.try_acquire(me)
 }
 
 /// Whether any of `queues` has items queued.
@@ -156,13 +203,27 @@ pub(crate) fn any_queued<'a, T: 'a>(mut queues: impl Iterator<Item = &'a Fifo<T>
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod loom_hooks {
-    use keyserial_core::lane::{Lane as LaneWord, Phase};
+    use keyserial_core::lane::Lane as LaneWord;
 
-    pub use super::Fifo;
+    use crate::sync::AtomicUsize;
 
-    /// `Lanes::push` after choosing the lane: push, `SeqCst` fence, read the phase.
-    pub fn push<T>(word: &LaneWord, queue: &Fifo<T>, item: T) -> Phase {
-        super::push_then_look(word, queue, item)
+    pub use super::{AfterPush, Fifo};
+
+    /// `Lanes::push` after choosing the lane: push, `SeqCst` fence, then the sleep word (as
+    /// `idle()`: someone asleep, someone searching), the phase and `deep`.
+    pub fn push<T>(
+        word: &LaneWord,
+        queue: &Fifo<T>,
+        item: T,
+        deep: &AtomicUsize,
+        idle: impl FnOnce() -> (bool, bool),
+    ) -> AfterPush {
+        super::push_then_look(word, queue, item, deep, idle)
+    }
+
+    /// `Lanes::free_work` over `lanes`: some lane `FREE` with items queued.
+    pub fn free_work<T>(lanes: &[(&LaneWord, &Fifo<T>)]) -> bool {
+        lanes.iter().any(|(w, q)| super::is_free_with_items(w, q))
     }
 
     /// `Lane::release_or_keep`: release, `SeqCst` fence, look once more and re-acquire.
@@ -317,11 +378,11 @@ impl<K> Lanes<K> {
         &self.lanes[l]
     }
 
-    /// Pushes `item` onto its lane; returns the lane's phase after the push (see "Waking for a
-    /// push" in the module docs).
-    pub(crate) fn push(&self, item: Item<K>) -> Phase {
+    /// Pushes `item` onto its lane; says whether to wake a worker (see "Waking for a push" in
+    /// the module docs). `idle`: someone asleep, someone searching (the sleep word, read once).
+    pub(crate) fn push(&self, item: Item<K>, idle: impl FnOnce() -> (bool, bool)) -> AfterPush {
         let lane = &self.lanes[self.index_of(item.hash)];
-        push_then_look(&lane.word, &lane.queue, item)
+        push_then_look(&lane.word, &lane.queue, item, &self.deep, idle)
     }
 
     /// A lane that is `FREE` with items queued, taken by worker `me`: its home lanes first
@@ -359,7 +420,12 @@ impl<K> Lanes<K> {
         self.lanes
             .iter()
             .enumerate()
-            .any(|(i, lane)| i != l && lane.word.phase() == Phase::Free && !lane.queue.is_empty())
+            .any(|(i, lane)| i != l && is_free_with_items(&lane.word, &lane.queue))
+    }
+
+    /// Whether some lane is `FREE` with items queued.
+    pub(crate) fn free_work(&self) -> bool {
+        self.free_work_except(usize::MAX)
     }
 
     /// Whether any lane has items queued (perhaps behind an owner that may get stuck).

@@ -453,31 +453,22 @@ where
         let task = build();
         // Every keyed task enters through its key's lane, in submission order (`lanes.rs`); a
         // latest task may instead replace its key's pending one (`latest_cells.rs`).
-        let phase = if kind == Kind::Latest {
-            let mut seen = LanePhase::Owned;
+        if kind == Kind::Latest {
             let push = |cell| {
                 let task = LaneTask::node(cell);
-                seen = sh.lanes.push(Item {
-                    key: key.clone(),
-                    hash,
-                    task,
-                });
+                let key = key.clone();
+                sh.push_keyed(Item { key, hash, task });
             };
             if let Offered::Replaced(old) = sh.latest.offer(&key, hash, task.into_task(), push) {
                 old.abandon(Abandon::Superseded);
                 sh.dropped_outside.fetch_add(1, Ordering::AcqRel);
                 release_cap();
-                ticket.admit();
-                return Ok(());
             }
-            seen
         } else {
-            let phase = sh.lanes.push(Item { key, hash, task });
+            sh.push_keyed(Item { key, hash, task });
             sh.latest.seal(hash);
-            phase
-        };
+        }
         ticket.admit();
-        sh.pushed(phase);
         Ok(())
     }
 

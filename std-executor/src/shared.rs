@@ -8,14 +8,14 @@ use crossbeam_deque::Injector;
 use crossbeam_utils::CachePadded;
 use keyserial_core::table::Table;
 
-use keyserial_core::lane::{Mailbox, Phase as LanePhase};
+use keyserial_core::lane::Mailbox;
 
 use crate::capacity::Capacity;
 use crate::claims::Claims;
 use crate::deferral::Deferral;
 use crate::gate::Gate;
 use crate::key::{IdleItem, KeyState, Runnable};
-use crate::lanes::Lanes;
+use crate::lanes::{AfterPush, Item, Lanes};
 use crate::latest_cells::LatestCells;
 use crate::nodes::Recycled;
 use crate::pending::PendingTask;
@@ -182,14 +182,14 @@ where
         self.notify();
     }
 
-    /// An item was pushed onto a lane that was in `phase` right after the push: wake a worker
-    /// if the lane needs one (see "Waking for a push" in `lanes.rs`).
-    pub(crate) fn pushed(&self, phase: LanePhase) {
-        if phase == LanePhase::Free || self.lanes.deep.load(Ordering::SeqCst) > 0 {
-            self.notify();
-        } else if self.config.max_workers > self.config.workers && !self.sleep.has_idle_worker() {
-            // Queued behind an owner while no worker is idle: the owner may be stuck.
-            self.starving();
+    /// Pushes a keyed item onto its lane and wakes a worker if it needs one (see "Waking for
+    /// a push" in `lanes.rs`).
+    pub(crate) fn push_keyed(&self, item: Item<K>) {
+        match self.lanes.push(item, || self.sleep.idle_now()) {
+            AfterPush::Nothing => {}
+            AfterPush::Notify => self.notify(),
+            // Queued while no worker is idle: its lane's owner may be stuck in a task.
+            AfterPush::AllBusy => self.starving(),
         }
     }
 

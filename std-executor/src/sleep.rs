@@ -139,6 +139,12 @@ impl Sleep {
         self.word.load(Ordering::Acquire)
     }
 
+    /// One load: whether some worker is registered asleep, and whether some is searching.
+    pub fn idle_now(&self) -> (bool, bool) {
+        let w = self.word.load(Ordering::SeqCst);
+        (sleepers(w) > 0, searching(w) > 0)
+    }
+
     /// `true` if some worker is registered as asleep.
     pub fn has_sleepers(&self) -> bool {
         sleepers(self.word.load(Ordering::Acquire)) > 0

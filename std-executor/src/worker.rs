@@ -339,6 +339,13 @@ where
     fn park(&self, timeout: Duration) {
         let parker = &self.owned.as_ref().expect("parker").parker;
         let lanes = &self.shared.lanes;
+        // Registered as asleep (`try_sleep`): look for a free lane with items once more. A
+        // submitter that saw nobody asleep woke nobody (lanes.rs, "Waking for a push"): either
+        // it sees this registration or this look sees its item.
+        crate::sync::fence(Ordering::SeqCst);
+        if lanes.free_work() {
+            return;
+        }
         if lanes.queued_anywhere() {
             parker.park_timeout(timeout.min(POLL));
             return;
