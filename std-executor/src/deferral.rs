@@ -30,7 +30,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use crate::lanes::Item;
+use crate::lane_task::Item;
 use crate::sync::{lock, AtomicUsize, Mutex, Ordering};
 
 /// One deferred key hash's items (see the module docs).

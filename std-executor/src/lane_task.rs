@@ -1,4 +1,5 @@
-//! A lane's task: a task node (`task.rs`), behind the few operations a lane needs.
+//! A lane's item: a key, its hash and its task, a task node (`task.rs`) behind the few
+//! operations a lane needs.
 //!
 //! Measured and not kept: storing an `execute` closure of up to two words in the lane's slot
 //! itself. The item grew from 24 to 32 bytes (40-byte queue slots, straddling cache lines), which
@@ -37,4 +38,12 @@ impl LaneTask {
     pub(crate) fn run(self, done: &dyn Fn(bool)) -> bool {
         self.0.run(None, done)
     }
+}
+
+/// One keyed submission in a lane: the key, its hash (the table's hasher) and its task; 24
+/// bytes for a `u64` key, so the queue's 32-byte slots sit two to a cache line.
+pub(crate) struct Item<K> {
+    pub(crate) key: K,
+    pub(crate) hash: u64,
+    pub(crate) task: LaneTask,
 }

@@ -66,7 +66,7 @@ use crossbeam_utils::CachePadded;
 use keyserial_core::lane::{Lane as LaneWord, Phase, Watch};
 
 use crate::deferral::Deferrals;
-use crate::lane_task::LaneTask;
+use crate::lane_task::Item;
 use crate::sync::{fence, Arc, AtomicBool, AtomicUsize, Ordering};
 
 /// A lane's FIFO: crossbeam's `SegQueue`.
@@ -253,14 +253,6 @@ pub(crate) const STEAL_AFTER: std::time::Duration = std::time::Duration::from_mi
 
 /// The worker id `shutdown_now` uses to take lanes (never a real worker's).
 pub(crate) const STOPPER: usize = keyserial_core::lane::MAX_WORKER;
-
-/// One keyed submission in a lane: the key, its hash (the table's hasher) and its task; 24
-/// bytes for a `u64` key, so the queue's 32-byte slots sit two to a cache line.
-pub(crate) struct Item<K> {
-    pub(crate) key: K,
-    pub(crate) hash: u64,
-    pub(crate) task: LaneTask,
-}
 
 /// One lane: its ownership word, its FIFO and the keys deferred from it.
 pub(crate) struct Lane<K> {

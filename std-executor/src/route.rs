@@ -32,8 +32,9 @@ use crossbeam_deque::Worker;
 use keyserial_core::chain::{Pushed, Retired};
 
 use crate::key::{KeyEntry, KeyState, Runnable};
+use crate::lane_task::Item;
 use crate::lane_task::LaneTask;
-use crate::lanes::{Item, TrackToken};
+use crate::lanes::TrackToken;
 use crate::shared::Shared;
 use crate::task::{Kind, TaskRef};
 

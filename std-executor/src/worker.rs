@@ -79,7 +79,8 @@ use crossbeam_utils::Backoff;
 use keyserial_core::lane::{Ended, Phase, Watch};
 
 use crate::deferral::Deferral;
-use crate::lanes::{Item, POLL, STEAL_AFTER};
+use crate::lane_task::Item;
+use crate::lanes::{POLL, STEAL_AFTER};
 use crate::route::{route, Route};
 
 use crate::idle::IdleKeys;
