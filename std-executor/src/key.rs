@@ -1,4 +1,4 @@
-//! A key's state in the table (its chain, idle word and latest slot), and what a ready queue
+//! A key's state in the table (its chain and idle word), and what a ready queue
 //! carries: a key's chain or an unkeyed task.
 
 use std::ptr::NonNull;
@@ -8,8 +8,7 @@ use keyserial_core::table::{Entry, Retire};
 
 use crate::idle_word::IdleWord;
 use crate::lanes::TrackToken;
-use crate::latest::LatestSlot;
-use crate::task::{Abandon, Header, TaskRef};
+use crate::task::{Header, TaskRef};
 
 /// Per-key state of a *tracked* key (`lanes.rs`): the key's chain plus what the executor keeps
 /// per key.
@@ -17,8 +16,6 @@ pub(crate) struct KeyState {
     pub(crate) chain: Chain<Header>,
     /// Idle bookkeeping (see `idle_word.rs`).
     pub(crate) idle: IdleWord,
-    /// The `submit_latest` coalescing slot (see `latest.rs`).
-    pub(crate) latest: LatestSlot<Header>,
     /// Counts the key in its lane's tracked keys while the state lives.
     _track: TrackToken,
 }
@@ -28,28 +25,7 @@ impl KeyState {
         KeyState {
             chain: Chain::new(),
             idle: IdleWord::new(),
-            latest: LatestSlot::new(Header::marker()),
             _track: track,
-        }
-    }
-
-    /// Turns a node popped from this key's chain into the task to run: the slot's task if the
-    /// node is the latest-slot marker (`None` if it stood for nothing), else the node itself.
-    ///
-    /// # Safety
-    /// The caller owns the chain and just popped `node` from it.
-    pub(crate) unsafe fn popped(&self, node: NonNull<Header>) -> Option<TaskRef> {
-        let node = self.latest.popped(node)?;
-        // SAFETY: popping (or taking from the slot) made the caller the node's unique owner.
-        Some(unsafe { TaskRef::from_raw(node) })
-    }
-}
-
-impl Drop for KeyState {
-    fn drop(&mut self) {
-        if let Some(task) = self.latest.take_mut() {
-            // SAFETY: a task in the slot is owned by the slot, and we are its last user.
-            unsafe { TaskRef::from_raw(task) }.abandon(Abandon::Cancelled);
         }
     }
 }

@@ -168,7 +168,6 @@ mod idle_word;
 mod key;
 mod lane_task;
 mod lanes;
-mod latest;
 mod latest_cells;
 mod nodes;
 mod pending;
@@ -207,7 +206,6 @@ pub mod loom_api {
     pub use crate::gate::{Gate, Ticket};
     pub use crate::idle_word::{IdleWord, Reap};
     pub use crate::lanes::loom_hooks as lanes;
-    pub use crate::latest::{LatestSlot, Offer};
     pub use crate::permit_wait::{Handoff, PermitWait, WaitRegistry, Winner};
     pub use crate::phase::{AfterTask, Phase, Stopped};
     pub use crate::semaphore::loom_hooks as semaphore;

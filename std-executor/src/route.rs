@@ -100,24 +100,18 @@ where
             entry_for(sh, &key, lane, &guard)
         };
         let ks = entry.value();
-        let push = node;
         // SAFETY: a live task node we own (given up by `into_raw`, or handed back by a bounced
-        // push) or the key's marker, pushed only by its claimer (us): queued nowhere else; the
-        // chain hands it to its owner or `Header::drop_queued` (a no-op for the marker).
-        match unsafe { ks.chain.push(push) } {
+        // push): queued nowhere else; the chain hands it to its owner or `Header::drop_queued`.
+        match unsafe { ks.chain.push(node) } {
             Ok(Pushed::Activated) => {
                 sh.schedule(Runnable::Chain(NonNull::from(entry)), local);
                 return Route::Queued;
             }
             Ok(Pushed::Queued) => return Route::Queued,
             Err(Retired(back)) => {
-                // The key was released under us: take back what we pushed (from the slot, if
-                // it was the marker) and retry on the key's fresh chain, or run it directly.
-                node = if ks.latest.is_marker(back) {
-                    ks.latest.unclaim()
-                } else {
-                    back
-                };
+                // The key was released under us: take back what we pushed and retry on the
+                // key's fresh chain, or run it directly.
+                node = back;
             }
         }
     }

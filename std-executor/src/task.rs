@@ -34,9 +34,6 @@ pub(crate) enum Kind {
     Distinct,
     /// `submit_with_permits`: runs only once it holds its permits.
     Permits,
-    /// A key's latest-slot marker (`latest.rs`): stands for the task in the slot; never run or
-    /// freed itself.
-    Marker,
     /// A lane item standing for a key's pending `submit_latest` task (`latest_cells.rs`).
     LatestCell,
 }
@@ -171,36 +168,10 @@ unsafe impl Linked for Header {
     }
 
     unsafe fn drop_queued(node: NonNull<Self>) {
-        // SAFETY: the chain hands over a live node it never gives out again.
-        if unsafe { node.as_ref() }.kind == Kind::Marker {
-            return; // part of the key's state; the slot's task is dropped with that state
-        }
-        // SAFETY: as above; a task node is then exclusively ours.
+        // SAFETY: the chain hands over a live node it never gives out again: ours alone.
         unsafe { TaskRef::from_raw(node) }.abandon(Abandon::Cancelled);
     }
 }
-
-impl Header {
-    /// A latest-slot marker (`latest.rs`): queued on a chain in place of the slot's task, and
-    /// turned into that task by whoever pops it (`KeyState::popped`), so its vtable is never
-    /// called.
-    pub(crate) fn marker() -> Header {
-        Header {
-            link: Link::new(),
-            vtable: &MARKER_VTABLE,
-            kind: Kind::Marker,
-        }
-    }
-}
-
-/// A marker's vtable: never called (a marker is never run, abandoned or asked for permits).
-static MARKER_VTABLE: VTable = VTable {
-    run: |_, _, _| unreachable!("a latest-slot marker is never run"),
-    abandon: |_, _| unreachable!("a latest-slot marker is never abandoned"),
-    permits: |_| None,
-    granted: |_| None,
-    gated: false,
-};
 
 /// What a node carries besides its job: nothing for most tasks (a node is then its header plus
 /// the closure: 24 bytes of overhead), the permit request for permit-gated ones.

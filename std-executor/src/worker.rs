@@ -783,9 +783,7 @@ where
                 return After::Continue;
             }
             // SAFETY: we own the chain; `kind_of` reads queued nodes of a chain we own.
-            let popped = unsafe {
-                chain.pop_coalescing(|n| matches!(TaskRef::kind_of(n), Kind::Latest | Kind::Marker))
-            };
+            let popped = unsafe { chain.pop_coalescing(|n| TaskRef::kind_of(n) == Kind::Latest) };
             let Some(p) = popped else {
                 let guard = crossbeam_epoch::pin();
                 // SAFETY: we own the chain.
@@ -805,10 +803,8 @@ where
                 continue;
             };
             stall.reset();
-            // SAFETY: we own the chain and just popped the node.
-            let Some(mut task) = (unsafe { ks.popped(p.node) }) else {
-                continue;
-            };
+            // SAFETY: we own the chain and just popped the node: it is ours alone.
+            let mut task = unsafe { TaskRef::from_raw(p.node) };
             if p.superseded {
                 task.abandon(Abandon::Superseded);
                 self.bump(|c| &c.dropped);
@@ -966,11 +962,12 @@ pub(crate) fn steal_into<T>(mut f: impl FnMut() -> Steal<T>) -> Option<T> {
 /// The caller owns the entry's chain.
 pub(crate) unsafe fn drain_chain<K>(entry: &KeyEntry<K>, out: &mut Vec<TaskRef>) {
     let ks = entry.value();
-    // Every caller runs after `shutdown_now` closed the gate and waited for the submissions
-    // inside it, so no push is half done and `None` means the chain is empty.
+    // Every caller runs after `shutdown_now` closed the gate, waited for the submissions inside
+    // it and stopped every worker (the routers that push onto chains), so no push is half done
+    // and `None` means the chain is empty.
     // SAFETY: per the contract; popped nodes are ours.
     while let Some(n) = unsafe { ks.chain.pop() } {
         // SAFETY: we own the chain and just popped `n`.
-        out.extend(unsafe { ks.popped(n) });
+        out.push(unsafe { TaskRef::from_raw(n) });
     }
 }
