@@ -179,3 +179,53 @@ impl<K> Deferrals<K> {
         items
     }
 }
+
+/// Hooks for the loom model in `loom/` (only under `cfg(loom)`): a lane's deferrals and one
+/// deferral, over `u32` keys, driven through the very methods the executor calls.
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_hooks {
+    use std::sync::Arc;
+
+    use super::{Deferral, Deferrals};
+    use crate::lane_task::{Item, LaneTask};
+
+    /// A lane's deferrals.
+    pub struct List(Deferrals<u32>);
+
+    /// One deferral, as its runner holds it.
+    pub struct Deferred(Arc<Deferral<u32>>);
+
+    /// A lane's deferrals holding one open deferral for key hash `hash`, and that deferral.
+    pub fn deferred(hash: u64) -> (List, Deferred) {
+        let list = Deferrals::new();
+        let d = Deferral::new(hash as usize);
+        list.insert(d.clone());
+        (List(list), Deferred(d))
+    }
+
+    /// The lane's owner pops key `key` (of hash `hash`): `true` if it went to the deferral,
+    /// `false` if the owner routes it itself.
+    pub fn divert(list: &List, key: u32, hash: u64) -> bool {
+        let task = LaneTask::execute(|| ());
+        list.0.divert(Item { key, hash, task }, hash).is_none()
+    }
+
+    /// One step of the runner (`WorkerLoop::run_deferral`, without routing): the next key, or
+    /// `None` once it found the deferral empty and closed it.
+    pub fn run_step(d: &Deferred) -> Option<u32> {
+        let mut next = d.0.lock();
+        match next.pop_front() {
+            Some(item) => Some(item.key),
+            None => {
+                next.close();
+                None
+            }
+        }
+    }
+
+    /// What a stopped owner hands back of the lane's deferrals.
+    pub fn take_all(list: &List) -> Vec<u32> {
+        list.0.take_all().into_iter().map(|i| i.key).collect()
+    }
+}
