@@ -6,7 +6,8 @@
 //! Every keyed submission arrives in a lane (`lanes.rs`). A worker takes a `FREE` lane with items
 //! (its home lanes first: lane `l` belongs to core worker `l % workers`, so while every worker is
 //! busy a key's data stays on one core), pops and routes its items (`route.rs`), and releases it
-//! when it is empty or after `4 * fairness_budget` tasks run from it. A worker alternates between
+//! when it is empty, after `4 * fairness_budget` tasks run from it, or after 64 times as many
+//! items routed onto chains (so that, on a single worker, the chains it fills get to run). A worker alternates between
 //! lanes and the ready queues below (where tracked keys' chains and unkeyed tasks wait), so
 //! neither starves the other.
 //!
@@ -531,11 +532,15 @@ where
         let lane = sh.lanes.get(l);
         let fair = sh.config.fairness_budget;
         let budget = fair.saturating_mul(4);
-        let mut ran = 0;
+        // Routing an item onto a chain is a push, far cheaper than a task, but not free: a
+        // lane fed as fast as its owner routes must still let the owner go (to run the chains
+        // it fills, on a single worker).
+        let route_budget = budget.saturating_mul(64);
+        let (mut ran, mut routed) = (0, 0);
         // The key hash of the last task run here, and how many ran in a row.
         let mut streak = (0u64, 0usize);
         loop {
-            if ran >= budget {
+            if ran >= budget || routed >= route_budget {
                 lane.word.release(self.index);
                 self.turn = self.turn.wrapping_add(1);
                 return After::Continue;
@@ -548,6 +553,7 @@ where
             };
             let hash = item.hash;
             let Some(item) = lane.deferrals.divert(item, hash) else {
+                routed += 1;
                 continue;
             };
             // A key that ran `fairness_budget` tasks in a row while others wait in the lane
@@ -556,7 +562,10 @@ where
             let local = self.owned.as_ref().map(|o| &o.deque);
             let item = match route(sh, item, hash, local, hot) {
                 Route::Direct(item) => item,
-                Route::Queued => continue,
+                Route::Queued => {
+                    routed += 1;
+                    continue;
+                }
             };
             ran += 1;
             streak = if streak.0 == hash {
