@@ -41,6 +41,10 @@
 //! `stolen_owner_collects_the_winning_offer` checks the handoff's outcome only.
 #![cfg(loom)]
 
+mod common;
+
+use common::coverage::{assert_all_reached, count};
+
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
 use std::sync::Arc as StdArc;
@@ -282,29 +286,6 @@ fn stuck_in_first_task(keys: &'static [usize]) -> (Arc<World>, Running, usize) {
     let key = w.pop().expect("a task to be stuck in");
     let run = w.lane.begin(0, key);
     (w, run, key)
-}
-
-/// A fresh set of coverage counters.
-macro_rules! counters {
-    ($n:literal) => {
-        [const { StdAtomicUsize::new(0) }; $n]
-    };
-}
-
-/// Counts one execution under `outcome`.
-fn count(counters: &[StdAtomicUsize], outcome: usize) {
-    counters[outcome].fetch_add(1, StdOrdering::Relaxed);
-}
-
-/// Every outcome was reached at least once; `names` labels them for the failure message.
-fn assert_all_reached(counters: &[StdAtomicUsize], names: &[&str]) {
-    let seen: Vec<usize> = counters
-        .iter()
-        .map(|c| c.load(StdOrdering::Relaxed))
-        .collect();
-    for (n, name) in seen.iter().zip(names) {
-        assert!(*n > 0, "never reached `{name}`: {names:?} = {seen:?}");
-    }
 }
 
 /// The robbed owner and the winning thief agree: the owner collected exactly that thief's

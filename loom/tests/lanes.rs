@@ -66,6 +66,10 @@
 //! the lock then orders the owner's release before the submitter's phase read.
 #![cfg(loom)]
 
+mod common;
+
+use common::coverage::{assert_all_reached, count};
+
 use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
 
 use keyserial::loom_api::lanes::{self as hooks, AfterPush, Fifo};
@@ -145,16 +149,14 @@ impl World {
     }
 
     /// The sleeper's look and deep registration (`WorkerLoop::park`, transcribed, plus the fence
-    /// discussed in the module docs if `fenced`). `true` if it saw an item (it naps with a bound),
+    /// discussed in the module docs). `true` if it saw an item (it naps with a bound),
     /// `false` if it sleeps without one.
-    fn sleep(&self, fenced: bool) -> bool {
+    fn sleep(&self) -> bool {
         if hooks::queued_anywhere(&[&self.queue]) {
             return true;
         }
         self.deep.fetch_add(1, Ordering::SeqCst);
-        if fenced {
-            fence(Ordering::SeqCst);
-        }
+        fence(Ordering::SeqCst);
         hooks::queued_anywhere(&[&self.queue])
     }
 
@@ -171,35 +173,6 @@ fn spawn<R: 'static>(
 ) -> thread::JoinHandle<R> {
     let w = w.clone();
     thread::spawn(move || f(&w))
-}
-
-/// A fresh set of coverage counters.
-macro_rules! counters {
-    ($n:literal) => {
-        [const { StdAtomicUsize::new(0) }; $n]
-    };
-}
-
-/// Counts one execution under `outcome`.
-fn count(counters: &[StdAtomicUsize], outcome: usize) {
-    counters[outcome].fetch_add(1, StdOrdering::Relaxed);
-}
-
-/// Every outcome was reached at least once; `names` labels them for the failure message. Prints
-/// the executions per outcome (visible with `--nocapture`).
-fn assert_all_reached(counters: &[StdAtomicUsize], names: &[&str]) {
-    let seen: Vec<usize> = counters
-        .iter()
-        .map(|c| c.load(StdOrdering::Relaxed))
-        .collect();
-    eprintln!(
-        "{} executions: {:?}",
-        seen.iter().sum::<usize>(),
-        names.iter().zip(&seen).collect::<Vec<_>>()
-    );
-    for (n, name) in seen.iter().zip(names) {
-        assert!(*n > 0, "never reached `{name}`: {names:?} = {seen:?}");
-    }
 }
 
 #[test]
@@ -245,12 +218,12 @@ fn push_vs_owner_going_idle() {
     );
 }
 
-/// Model (b): the owner is inside a task; `fenced` chooses the sleeper's transcription.
-fn running_owner_vs_sleeper(fenced: bool, outcomes: &'static [StdAtomicUsize]) {
+/// Model (b): the owner is inside a task.
+fn running_owner_vs_sleeper(outcomes: &'static [StdAtomicUsize]) {
     loom::model(move || {
         let w = World::owned();
         let _run = w.word.begin(OWNER, 10);
-        let sleeper = spawn(&w, move |w| w.sleep(fenced));
+        let sleeper = spawn(&w, |w| w.sleep());
         let submitter = spawn(&w, |w| w.submit(1));
         let saw_item = sleeper.join().unwrap();
         let notify = submitter.join().unwrap();
@@ -273,7 +246,7 @@ fn push_behind_a_running_owner_vs_deep_sleeper() {
     // submitter pushes item 1; one sleeper looks, registers as deep and looks again. Either the
     // submitter saw deep > 0 (it notifies) or the sleeper saw the item (it naps and watches).
     static OUTCOMES: [StdAtomicUsize; 4] = counters!(4);
-    running_owner_vs_sleeper(true, &OUTCOMES);
+    running_owner_vs_sleeper(&OUTCOMES);
     assert_all_reached(
         &OUTCOMES[1..],
         &["sleeper saw the item", "submitter saw deep", "both"],

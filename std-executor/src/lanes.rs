@@ -147,7 +147,7 @@ pub enum AfterPush {
 /// whether some worker is searching: one load of the sleep word) and, only if a worker sleeps
 /// and none searches, the lane's phase and `deep`.
 #[inline]
-pub(crate) fn push_then_look<T>(
+pub fn push_then_look<T>(
     word: &LaneWord,
     queue: &Fifo<T>,
     item: T,
@@ -173,7 +173,7 @@ pub(crate) fn push_then_look<T>(
 /// empty; releases it, issues a `SeqCst` fence, and looks once more. `true` if an item came
 /// meanwhile and `me` owns the lane again.
 #[inline]
-pub(crate) fn release_then_look<T>(word: &LaneWord, queue: &Fifo<T>, me: usize) -> bool {
+pub fn release_then_look<T>(word: &LaneWord, queue: &Fifo<T>, me: usize) -> bool {
     word.release(me);
     fence(Ordering::SeqCst);
     !queue.is_empty() && word.try_acquire(me)
@@ -187,7 +187,7 @@ pub(crate) fn is_free_with_items<T>(word: &LaneWord, queue: &Fifo<T>) -> bool {
 
 /// Takes the lane (`word`, `queue`) for `me` if it is `FREE` with items queued.
 #[inline]
-pub(crate) fn take_if_free<T>(word: &LaneWord, queue: &Fifo<T>, me: usize) -> bool {
+pub fn take_if_free<T>(word: &LaneWord, queue: &Fifo<T>, me: usize) -> bool {
     is_free_with_items(word, queue) && word.try_acquire(me)
 }
 
@@ -205,35 +205,14 @@ pub(crate) fn any_queued<'a, T: 'a>(mut queues: impl Iterator<Item = &'a Fifo<T>
 pub mod loom_hooks {
     use keyserial_core::lane::Lane as LaneWord;
 
-    use crate::sync::AtomicUsize;
-
-    pub use super::{AfterPush, Fifo};
-
-    /// `Lanes::push` after choosing the lane: push, `SeqCst` fence, then the sleep word (as
-    /// `idle()`: someone asleep, someone searching), the phase and `deep`.
-    pub fn push<T>(
-        word: &LaneWord,
-        queue: &Fifo<T>,
-        item: T,
-        deep: &AtomicUsize,
-        idle: impl FnOnce() -> (bool, bool),
-    ) -> AfterPush {
-        super::push_then_look(word, queue, item, deep, idle)
-    }
+    pub use super::{
+        push_then_look as push, release_then_look as release_or_keep, take_if_free as try_take,
+        AfterPush, Fifo,
+    };
 
     /// `Lanes::free_work` over `lanes`: some lane `FREE` with items queued.
     pub fn free_work<T>(lanes: &[(&LaneWord, &Fifo<T>)]) -> bool {
         lanes.iter().any(|(w, q)| super::is_free_with_items(w, q))
-    }
-
-    /// `Lane::release_or_keep`: release, `SeqCst` fence, look once more and re-acquire.
-    pub fn release_or_keep<T>(word: &LaneWord, queue: &Fifo<T>, me: usize) -> bool {
-        super::release_then_look(word, queue, me)
-    }
-
-    /// `Lanes::try_take` on one lane: take it if it is `FREE` with items queued.
-    pub fn try_take<T>(word: &LaneWord, queue: &Fifo<T>, me: usize) -> bool {
-        super::take_if_free(word, queue, me)
     }
 
     /// `Lanes::queued_anywhere` over `queues`.
