@@ -6,6 +6,7 @@
 //! | module | what it is |
 //! |---|---|
 //! | [`chain`] | a key's task chain: an intrusive MPSC queue fused with the `ACTIVE`/`RETIRED` handoff word |
+//! | [`fifo`] | a lane's FIFO: many pushers, one popper at a time, items stored in blocks of slots in push order |
 //! | [`lane`] | a lane's ownership word: one worker pops a shared FIFO; an idle worker takes it from an owner stuck in a task, deferring only that task's key |
 //! | [`fixed`] | [`fixed::FixedSerializer`]: a complete serializer without an allocator (fixed key table, task pool, ready ring) |
 //! | [`pool`] | fixed-capacity node storage with generation counters, for builds without an allocator |
@@ -50,6 +51,8 @@ extern crate std;
 mod sync;
 
 pub mod chain;
+#[cfg(feature = "alloc")]
+pub mod fifo;
 pub mod fixed;
 pub mod lane;
 pub mod permits;

@@ -1,7 +1,8 @@
 //! Lanes: the front door of every keyed submission.
 //!
 //! Keys hash onto a fixed number of *lanes* (twice the core workers, a power of two); each lane
-//! is a FIFO of [`Item`]s (key, hash, task) in submission order. A lane is not tied to a thread:
+//! is a FIFO of [`Item`]s (key, hash, task) in submission order, stored in the FIFO's slots
+//! themselves (core's [`keyserial_core::fifo`]). A lane is not tied to a thread:
 //! any worker may *own* it, and only its owner pops it, under core's lane word
 //! ([`keyserial_core::lane`], whose module docs give the ownership protocol and the steal). A
 //! plain task of a key that holds no state runs straight from the lane: no key table, no chain,
@@ -57,11 +58,9 @@
 //! The two halves of "Waking for a push" are the generic functions [`push_then_look`] and
 //! [`release_then_look`] (with [`take_if_free`] and [`any_queued`]), which `Lanes` and `Lane`
 //! call; under `cfg(loom)` they are exported as `loom_hooks` (through `loom_api::lanes`) and the
-//! lane's FIFO is a loom-aware stand-in for `SegQueue` (see [`Fifo`]), so the models in
+//! lane's FIFO is a loom-aware stand-in for core's `Fifo` (see [`Fifo`]), so the models in
 //! `loom/tests/lanes.rs` run this very code over core's real lane word.
 
-#[cfg(not(loom))]
-use crossbeam_queue::SegQueue;
 use crossbeam_utils::CachePadded;
 use keyserial_core::lane::{Lane as LaneWord, Phase, Watch};
 
@@ -69,16 +68,18 @@ use crate::deferral::Deferrals;
 use crate::lane_task::Item;
 use crate::sync::{fence, Arc, AtomicBool, AtomicUsize, Ordering};
 
-/// A lane's FIFO: crossbeam's `SegQueue`.
+/// A lane's FIFO: core's [`keyserial_core::fifo::Fifo`] (items stored in blocks of slots, in push
+/// order; one popper at a time: the lane's owner).
 #[cfg(not(loom))]
-pub(crate) type Fifo<T> = SegQueue<T>;
+pub(crate) type Fifo<T> = keyserial_core::fifo::Fifo<T>;
 
-/// A lane's FIFO under loom: `SegQueue` is not loom-aware, so a `VecDeque` under a loom mutex
-/// holds the items, and a length word mirrors `SegQueue`'s indices: `push` raises it with a
-/// `SeqCst` RMW (as `SegQueue::push` CASes its tail index, `SeqCst`) and `is_empty` reads it
-/// without the lock (as `SegQueue::is_empty` loads the indices, `SeqCst`). The emptiness check
-/// therefore synchronises with nothing but that word, as with the real queue: the lock must not
-/// lend the "Waking for a push" protocol a happens-before the real queue does not give it.
+/// A lane's FIFO under loom: a `VecDeque` under a loom mutex holds the items, and a length word
+/// mirrors the real FIFO's positions (`loom/tests/fifo.rs` models the real one on its own):
+/// `push` raises it with a `SeqCst` RMW (as `Fifo::push` CASes its tail position, `SeqCst`) and
+/// `is_empty` reads it without the lock (as `Fifo::is_empty` loads the positions, `SeqCst`). The
+/// emptiness check therefore synchronises with nothing but that word, as with the real queue:
+/// the lock must not lend the "Waking for a push" protocol a happens-before the real queue does
+/// not give it.
 #[cfg(loom)]
 pub struct Fifo<T> {
     items: crate::sync::Mutex<std::collections::VecDeque<T>>,
@@ -111,7 +112,12 @@ impl<T> Fifo<T> {
     }
 
     /// Takes the oldest item, if any.
-    pub fn pop(&self) -> Option<T> {
+    ///
+    /// # Safety
+    ///
+    /// As `Fifo::pop`: one popper at a time (here the lock would forgive it; the real FIFO
+    /// does not).
+    pub unsafe fn pop(&self) -> Option<T> {
         let mut items = crate::sync::lock(&self.items);
         let item = items.pop_front();
         if item.is_some() {
@@ -242,6 +248,18 @@ pub(crate) struct Lane<K> {
 }
 
 impl<K> Lane<K> {
+    /// Takes the lane's oldest item, if any.
+    ///
+    /// # Safety
+    ///
+    /// The caller owns the lane (its word names the caller as owner, or it is being dropped):
+    /// the lane word passes ownership with Release/Acquire, which is what the FIFO's one
+    /// popper at a time needs.
+    pub(crate) unsafe fn pop(&self) -> Option<Item<K>> {
+        // SAFETY: the caller owns the lane, so it is the FIFO's only popper (above).
+        unsafe { self.queue.pop() }
+    }
+
     /// The owner `me` found the lane empty: releases it, then looks once more (see "Waking for
     /// a push"); `true` if an item came meanwhile and `me` owns the lane again.
     pub(crate) fn release_or_keep(&self, me: usize) -> bool {

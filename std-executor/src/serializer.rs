@@ -598,7 +598,9 @@ where
                     crate::sync::snooze(&backoff);
                 }
                 let mut items = lane.deferrals.take_all();
-                while let Some(item) = lane.queue.pop() {
+                // SAFETY: the loop above took the lane for good (as `STOPPER`): nobody else
+                // pops it any more.
+                while let Some(item) = unsafe { lane.pop() } {
                     items.push(item);
                 }
                 out.extend(

@@ -545,7 +545,8 @@ where
                 self.turn = self.turn.wrapping_add(1);
                 return After::Continue;
             }
-            let Some(item) = lane.queue.pop() else {
+            // SAFETY: this worker owns the lane (it acquired it and has not released it).
+            let Some(item) = (unsafe { lane.pop() }) else {
                 if lane.release_or_keep(self.index) {
                     continue;
                 }
@@ -747,7 +748,9 @@ where
     fn hand_back_lane(&self, l: usize) {
         let lane = self.shared.lanes.get(l);
         let mut items = lane.deferrals.take_all();
-        while let Some(item) = lane.queue.pop() {
+        // SAFETY: this worker owns lane `l`: both callers pass the lane they hold (a lane whose
+        // task ended `Kept`, or the lane `run_direct` was called for).
+        while let Some(item) = unsafe { lane.pop() } {
             items.push(item);
         }
         self.hand_back_items(items);

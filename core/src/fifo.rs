@@ -1,0 +1,442 @@
+//! A lane's FIFO: many threads push, one thread at a time pops, and every item lives in a slot of
+//! a block, in push order, several to a cache line.
+//!
+//! It is what a lane of the executor needs and no more: pushers from any thread, one popper at a
+//! time (the lane's owner, whose turn passes through [`crate::lane`]'s word with Acquire/Release),
+//! and an emptiness check that anyone may make. Items are stored in the slot itself, so a reader
+//! walks memory in the order it was written and one cache line brings it several items (or one
+//! item of up to a line): no node per item, no pointer to chase.
+//!
+//! # Layout
+//!
+//! Blocks of [`BLOCK`] slots, linked by `next`. A slot is a `ready` flag and the item. The
+//! *tail* is a position counter plus the block it points into; the *head* likewise, owned by the
+//! popper. Positions run `lap * (BLOCK + 1) + offset`: offsets `0..BLOCK` are slots, and offset
+//! `BLOCK` is a gap that means "the last slot of this block was just taken and its taker is
+//! installing the next block".
+//!
+//! # Protocol
+//!
+//! - **Push** (any thread). Read the tail position (Acquire), then the tail block (Acquire).
+//!   - Offset `BLOCK`: another pusher is installing the next block; wait and read again.
+//!   - Otherwise reserve the slot with a CAS of the position `p -> p + 1` (`SeqCst`; a failed CAS
+//!     reads the new position and the block again). Only after its CAS succeeds does a pusher
+//!     touch the block it read.
+//!   - The pusher that took the last slot (offset `BLOCK - 1`, which left the position at the
+//!     gap) installs the next block, allocated before its CAS: it stores the tail block
+//!     (Release), then moves the position past the gap to the next lap's offset 0 (Release;
+//!     nobody else writes the position while it is at the gap), then links `next` from the old
+//!     block (Release). Only then does it write its own slot.
+//!   - Writing the slot: the item, then `ready = true` (Release). That store is the pusher's
+//!     last access to the block.
+//!
+//!   Why the block a pusher read is the right one: the tail block is stored *before* the
+//!   position enters its lap, so a pusher that read position `p` (Acquire) reads that lap's
+//!   block or a later one; a later one means the position moved on, and then its CAS from `p`
+//!   fails. Positions only grow, so a successful CAS from `p` proves the block it read is `p`'s.
+//! - **Pop** (only the popper, [`Fifo::pop`] is `unsafe` for that). Compare the head position
+//!   with the tail's (Acquire): equal means empty. Otherwise the head's slot was reserved; wait
+//!   for its `ready` (Acquire: the item and, for a last slot, the `next` link are visible), read
+//!   the item, and advance the head (`SeqCst` store, for [`Fifo::is_empty`]'s readers). After the
+//!   last slot of a block the popper follows `next` (stored before that slot was written), skips
+//!   the gap, and frees the old block.
+//!
+//! # Why nothing is lost, doubled or freed early
+//!
+//! - A slot is reserved by exactly one successful CAS, so exactly one pusher writes it; the
+//!   popper reads it once, after its `ready` (Release/Acquire), and the head passes it.
+//! - Per pusher, its items take increasing positions; the popper reads positions in order. So
+//!   the pop order is the order in which the CASes succeeded, which respects each thread's push
+//!   order (and any order established between pushes by happens-before).
+//! - A block is freed by the popper after it read every slot of the block, that is after every
+//!   pusher of the block stored `ready` (its last access). A pusher whose CAS failed never touched
+//!   the block. So nobody uses a block after it is freed.
+//! - Emptiness, [`Fifo::is_empty`]: two `SeqCst` loads (head, then tail). A push's reserving CAS
+//!   and a pop's head store are `SeqCst` too, so a thread that fences `SeqCst` after its push
+//!   and a thread that fences before its emptiness check cannot both miss each other (the lane's
+//!   wake protocol relies on that, as on crossbeam's `SegQueue`, whose indices behave the same).
+//!
+//! The model in `loom/tests/fifo.rs` runs this code with 2-slot blocks: pushers racing each other
+//! across block installs, against a popper, and the popper's turn handed between threads.
+
+use alloc::boxed::Box;
+use core::mem::MaybeUninit;
+use core::ptr;
+
+use crossbeam_utils::{Backoff, CachePadded};
+
+use crate::sync::{AtomicBool, AtomicPtr, AtomicUsize, Ordering, UnsafeCell};
+
+/// Slots per block. A 56-byte item makes 64-byte slots, so a block is 4 KiB.
+#[cfg(not(loom))]
+pub const BLOCK: usize = 63;
+/// Slots per block (small under loom, so that the models cross blocks).
+#[cfg(loom)]
+pub const BLOCK: usize = 2;
+
+/// Positions per block: the slots and the gap.
+const LAP: usize = BLOCK + 1;
+
+struct Slot<T> {
+    ready: AtomicBool,
+    value: UnsafeCell<MaybeUninit<T>>,
+}
+
+#[repr(C, align(64))]
+struct Block<T> {
+    slots: [Slot<T>; BLOCK],
+    next: AtomicPtr<Block<T>>,
+}
+
+impl<T> Block<T> {
+    /// A new empty block, on the heap.
+    fn alloc() -> *mut Block<T> {
+        Box::into_raw(Box::new(Block {
+            slots: core::array::from_fn(|_| Slot {
+                ready: AtomicBool::new(false),
+                value: UnsafeCell::new(MaybeUninit::uninit()),
+            }),
+            next: AtomicPtr::new(ptr::null_mut()),
+        }))
+    }
+}
+
+/// A position and the block it points into.
+struct End<T> {
+    index: AtomicUsize,
+    block: AtomicPtr<Block<T>>,
+}
+
+/// A multi-pusher, one-popper-at-a-time FIFO with items stored in blocks of slots (see the
+/// module docs).
+///
+/// ```
+/// use keyserial_core::fifo::Fifo;
+/// let q = Fifo::new();
+/// q.push(1);
+/// q.push(2);
+/// assert!(!q.is_empty());
+/// // SAFETY: this thread is the only popper.
+/// assert_eq!(unsafe { q.pop() }, Some(1));
+/// assert_eq!(unsafe { q.pop() }, Some(2));
+/// assert_eq!(unsafe { q.pop() }, None);
+/// assert!(q.is_empty());
+/// ```
+pub struct Fifo<T> {
+    head: CachePadded<End<T>>,
+    tail: CachePadded<End<T>>,
+}
+
+// SAFETY: items move between threads (pushed on one, popped on another), so `T: Send` is needed
+// and enough: no `&T` is ever shared, and the blocks are reached only through the protocol.
+unsafe impl<T: Send> Send for Fifo<T> {}
+// SAFETY: as above; every shared access is an atomic or a slot access ordered by the protocol.
+unsafe impl<T: Send> Sync for Fifo<T> {}
+
+impl<T> Default for Fifo<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> Fifo<T> {
+    /// An empty FIFO (one block allocated).
+    ///
+    /// ```
+    /// let q: keyserial_core::fifo::Fifo<u8> = keyserial_core::fifo::Fifo::new();
+    /// assert!(q.is_empty());
+    /// ```
+    pub fn new() -> Fifo<T> {
+        let block = Block::alloc();
+        Fifo {
+            head: CachePadded::new(End {
+                index: AtomicUsize::new(0),
+                block: AtomicPtr::new(block),
+            }),
+            tail: CachePadded::new(End {
+                index: AtomicUsize::new(0),
+                block: AtomicPtr::new(block),
+            }),
+        }
+    }
+
+    /// Appends `value` (any thread). Lock-free except that a pusher waits while another one,
+    /// which took a block's last slot, installs the next block (two stores).
+    ///
+    /// ```
+    /// let q = keyserial_core::fifo::Fifo::new();
+    /// q.push("a");
+    /// assert_eq!(q.len(), 1);
+    /// ```
+    pub fn push(&self, value: T) {
+        let backoff = Backoff::new();
+        let mut tail = self.tail.index.load(Ordering::Acquire);
+        let mut block = self.tail.block.load(Ordering::Acquire);
+        let mut next: *mut Block<T> = ptr::null_mut();
+        loop {
+            let offset = tail % LAP;
+            if offset == BLOCK {
+                // The next block is being installed.
+                snooze(&backoff);
+                tail = self.tail.index.load(Ordering::Acquire);
+                block = self.tail.block.load(Ordering::Acquire);
+                continue;
+            }
+            if offset + 1 == BLOCK && next.is_null() {
+                next = Block::alloc();
+            }
+            match self.tail.index.compare_exchange_weak(
+                tail,
+                tail + 1,
+                Ordering::SeqCst,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    if offset + 1 == BLOCK {
+                        self.tail.block.store(next, Ordering::Release);
+                        self.tail.index.store(tail + 2, Ordering::Release);
+                        // SAFETY: our CAS from `tail` succeeded, so `block` is `tail`'s block
+                        // (module docs), and it is not freed before the popper reads our slot,
+                        // which we have not written yet.
+                        unsafe { (*block).next.store(next, Ordering::Release) };
+                        next = ptr::null_mut();
+                    }
+                    // SAFETY: as above, `block` is live and slot `offset` is ours alone: the
+                    // CAS reserved it, and the popper reads it only after `ready`.
+                    let slot = unsafe { &(*block).slots[offset] };
+                    slot.value.with_mut(|p| {
+                        // SAFETY: our slot (above); nobody else reads or writes it yet.
+                        unsafe { (*p).write(value) };
+                    });
+                    slot.ready.store(true, Ordering::Release);
+                    break;
+                }
+                Err(t) => {
+                    tail = t;
+                    block = self.tail.block.load(Ordering::Acquire);
+                    backoff.spin();
+                }
+            }
+        }
+        if !next.is_null() {
+            // SAFETY: allocated above by `Block::alloc`, never published (our CAS for the last
+            // slot did not happen).
+            drop(unsafe { Box::from_raw(next) });
+        }
+    }
+
+    /// Takes the oldest item, if any.
+    ///
+    /// # Safety
+    ///
+    /// At most one thread pops at a time, and each pop happens before the next one (for
+    /// example: one thread pops; or the right to pop passes between threads with Release and
+    /// Acquire, as a lane's ownership does). [`Drop`] counts as a pop.
+    ///
+    /// ```
+    /// let q = keyserial_core::fifo::Fifo::new();
+    /// q.push(7);
+    /// // SAFETY: the only popper.
+    /// assert_eq!(unsafe { q.pop() }, Some(7));
+    /// ```
+    pub unsafe fn pop(&self) -> Option<T> {
+        // The head is the popper's alone (the caller's contract); the tail is read Acquire.
+        let head = self.head.index.load(Ordering::Relaxed);
+        let block = self.head.block.load(Ordering::Relaxed);
+        if head == self.tail.index.load(Ordering::Acquire) {
+            return None;
+        }
+        let offset = head % LAP;
+        // SAFETY: the head's block is live until the popper frees it below, and only the popper
+        // does; `offset < BLOCK` (the head never rests on the gap).
+        let slot = unsafe { &(*block).slots[offset] };
+        let backoff = Backoff::new();
+        while !slot.ready.load(Ordering::Acquire) {
+            // Reserved (the tail is past it) but its pusher has not finished writing.
+            snooze(&backoff);
+        }
+        let value = slot.value.with(|p| {
+            // SAFETY: `ready` (Acquire) shows the pusher's write; the slot is read once, here,
+            // and never again (the head moves past it).
+            unsafe { (*p).assume_init_read() }
+        });
+        if offset + 1 == BLOCK {
+            // SAFETY: still live (freed just below); `next` was stored before the last slot's
+            // `ready`, which we acquired.
+            let next = unsafe { (*block).next.load(Ordering::Acquire) };
+            self.head.block.store(next, Ordering::Relaxed);
+            self.head.index.store(head + 2, Ordering::SeqCst);
+            // SAFETY: every slot of `block` was read, so every pusher of it has finished
+            // (module docs), the tail points past it, and the head now points to `next`: nobody
+            // refers to it.
+            drop(unsafe { Box::from_raw(block) });
+        } else {
+            self.head.index.store(head + 1, Ordering::SeqCst);
+        }
+        Some(value)
+    }
+
+    /// Whether it holds no item: a snapshot (any thread). Items being pushed count once their
+    /// slot is reserved.
+    ///
+    /// ```
+    /// let q = keyserial_core::fifo::Fifo::new();
+    /// assert!(q.is_empty());
+    /// q.push(());
+    /// assert!(!q.is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        let head = self.head.index.load(Ordering::SeqCst);
+        head == self.tail.index.load(Ordering::SeqCst)
+    }
+
+    /// How many items it holds: a snapshot (any thread).
+    ///
+    /// ```
+    /// let q = keyserial_core::fifo::Fifo::new();
+    /// (0..100).for_each(|i| q.push(i));
+    /// assert_eq!(q.len(), 100);
+    /// ```
+    pub fn len(&self) -> usize {
+        let head = self.head.index.load(Ordering::SeqCst);
+        let tail = self.tail.index.load(Ordering::SeqCst);
+        slots_before(tail).saturating_sub(slots_before(head))
+    }
+}
+
+/// How many slots come before position `index`.
+fn slots_before(index: usize) -> usize {
+    index / LAP * BLOCK + (index % LAP).min(BLOCK)
+}
+
+/// One step of a wait: crossbeam's backoff normally, a yield to the model's scheduler under loom.
+fn snooze(backoff: &Backoff) {
+    #[cfg(not(loom))]
+    backoff.snooze();
+    #[cfg(loom)]
+    {
+        let _ = backoff;
+        loom::thread::yield_now();
+    }
+}
+
+impl<T> Drop for Fifo<T> {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no other thread pushes or pops any more.
+        while unsafe { self.pop() }.is_some() {}
+        // Empty: the head and the tail share one block, which nobody else refers to.
+        let block = self.head.block.load(Ordering::Relaxed);
+        // SAFETY: allocated by `Block::alloc`, live (only `pop` frees blocks, and it never frees
+        // the head's), and no longer reachable by anyone.
+        drop(unsafe { Box::from_raw(block) });
+    }
+}
+
+impl<T> core::fmt::Debug for Fifo<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Fifo").field("len", &self.len()).finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize as StdCount;
+    use std::sync::Arc;
+    use std::vec::Vec;
+
+    #[test]
+    fn keeps_order_across_blocks() {
+        let q = Fifo::new();
+        let n = 3 * BLOCK + 5;
+        for i in 0..n {
+            q.push(i);
+            assert_eq!(q.len(), i + 1);
+        }
+        for i in 0..n {
+            // SAFETY: the only popper.
+            assert_eq!(unsafe { q.pop() }, Some(i));
+        }
+        // SAFETY: the only popper.
+        assert_eq!(unsafe { q.pop() }, None);
+        assert!(q.is_empty());
+        assert_eq!(q.len(), 0);
+    }
+
+    #[test]
+    fn interleaved_push_and_pop_cross_blocks() {
+        let q = Fifo::new();
+        let mut model = std::collections::VecDeque::new();
+        for i in 0..4 * BLOCK {
+            q.push(2 * i);
+            q.push(2 * i + 1);
+            model.extend([2 * i, 2 * i + 1]);
+            // SAFETY: the only popper.
+            assert_eq!(unsafe { q.pop() }, model.pop_front());
+            assert_eq!(q.len(), model.len());
+        }
+        while let Some(v) = model.pop_front() {
+            // SAFETY: the only popper.
+            assert_eq!(unsafe { q.pop() }, Some(v));
+        }
+        assert!(q.is_empty());
+    }
+
+    struct Counted(Arc<StdCount>);
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn drop_drops_every_item_left_once() {
+        let drops = Arc::new(StdCount::new(0));
+        let q = Fifo::new();
+        for _ in 0..2 * BLOCK + 3 {
+            q.push(Counted(drops.clone()));
+        }
+        // SAFETY: the only popper.
+        drop(unsafe { q.pop() });
+        assert_eq!(drops.load(std::sync::atomic::Ordering::Relaxed), 1);
+        drop(q);
+        assert_eq!(drops.load(std::sync::atomic::Ordering::Relaxed), 2 * BLOCK + 3);
+    }
+
+    #[test]
+    fn zero_sized_items() {
+        let q = Fifo::new();
+        (0..BLOCK + 1).for_each(|_| q.push(()));
+        assert_eq!(q.len(), BLOCK + 1);
+        // SAFETY: the only popper.
+        while unsafe { q.pop() }.is_some() {}
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn concurrent_pushers_keep_their_order_against_a_popper() {
+        let per = if cfg!(miri) { 2 * BLOCK + 2 } else { 50_000 };
+        let q = Arc::new(Fifo::new());
+        let pushers: Vec<_> = (0..2)
+            .map(|t| {
+                let q = q.clone();
+                std::thread::spawn(move || (0..per).for_each(|i| q.push((t, i))))
+            })
+            .collect();
+        let mut next = [0usize; 2];
+        let mut got = 0;
+        while got < 2 * per {
+            // SAFETY: this thread is the only popper.
+            if let Some((t, i)) = unsafe { q.pop() } {
+                assert_eq!(i, next[t], "pusher {t} out of order");
+                next[t] += 1;
+                got += 1;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        pushers.into_iter().for_each(|p| p.join().unwrap());
+        assert!(q.is_empty());
+        assert_eq!(next, [per, per]);
+    }
+}
