@@ -1,49 +1,257 @@
-//! A lane's item: a key, its hash and its task, a task node (`task.rs`) behind the few
-//! operations a lane needs.
+//! A lane's item: a key, its hash and its task, stored in the lane FIFO's slot itself.
 //!
-//! Measured and not kept: storing an `execute` closure of up to two words in the lane's slot
-//! itself. The item grew from 24 to 32 bytes (40-byte queue slots, straddling cache lines), which
-//! cost 20% on W2 with pre-boxed tasks (A/B pairs, BENCHMARKS.md), and no `compare` closure fits
-//! in two words once it is wrapped to count its completion (a pre-boxed task is two words, plus
-//! the counter). A lane with its own FIFO of 32-byte, line-aligned slots could take it up again.
+//! A task is one of two things, told apart by its `ops` table:
+//!
+//! - **Inline:** an `execute` closure of up to [`WORDS`] words (and word alignment) lives in the
+//!   slot's own bytes. Submitting it allocates nothing, and the worker reads it from the line the
+//!   submitter wrote, in submission order: no node to allocate, fill, fetch from the other core
+//!   and free. A pre-boxed `Box<dyn FnOnce()>` wrapped to count its completion is three words.
+//! - **Node:** every other task (a handle's, a permit-gated, latest or distinct task, or a
+//!   closure too big to inline) is a task node (`task.rs`), and the slot holds its pointer.
+//!
+//! An item is 56 bytes for a `u64` key (key, hash, `ops`, 4 words), so with the FIFO's ready
+//! flag a slot is exactly one 64-byte line. Measured before (BENCHMARKS.md, run M): inlining into
+//! crossbeam's `SegQueue` (whose slot adds a state word, so slots straddled lines) cost 20% on W2
+//! with pre-boxed tasks; core's `Fifo` has no such word to add.
+//!
+//! A task whose key turns out to be tracked (`route.rs`) becomes a node on the way to its chain
+//! ([`LaneTask::into_task`]); the cost falls only on keys that need state.
 
-use crate::task::{Kind, TaskRef};
+use std::mem::{align_of, size_of, ManuallyDrop, MaybeUninit};
+
+use crate::task::{Detached, Job, Kind, TaskRef};
+
+/// Words of a closure stored inline.
+pub(crate) const WORDS: usize = 4;
+
+/// The inline bytes of a task.
+type Words = MaybeUninit<[usize; WORDS]>;
+
+/// What can be done with the bytes of a [`LaneTask`]; one static table per stored type.
+struct Ops {
+    /// Runs the task (a panic is caught); `true` if it panicked.
+    run: unsafe fn(*mut Words, &dyn Fn(bool)) -> bool,
+    /// The task as a node.
+    into_task: unsafe fn(*mut Words) -> TaskRef,
+    /// Drops the task unrun.
+    drop: unsafe fn(*mut Words),
+    /// The bytes hold a [`TaskRef`] (whose node knows its kind); otherwise a plain closure.
+    node: bool,
+}
+
+/// The table of a stored type `T` (see [`Store`]).
+trait Store: Sized {
+    const OPS: Ops;
+}
+
+/// An inline `execute` closure.
+struct Inline<F>(F);
+
+impl<F: FnOnce() + Send + 'static> Store for Inline<F> {
+    const OPS: Ops = Ops {
+        run: |p, done| {
+            // SAFETY: `p` holds an `Inline<F>` (this table's type), read exactly once: the
+            // caller (`LaneTask::run`) never uses the bytes again.
+            let Inline(f) = unsafe { take::<Inline<F>>(p) };
+            Detached(f).run(None, done)
+        },
+        into_task: |p| {
+            // SAFETY: as in `run`.
+            let Inline(f) = unsafe { take::<Inline<F>>(p) };
+            TaskRef::new(Detached(f), Kind::Plain, None)
+        },
+        drop: |p| {
+            // SAFETY: as in `run`.
+            drop(unsafe { take::<Inline<F>>(p) });
+        },
+        node: false,
+    };
+}
+
+impl Store for TaskRef {
+    const OPS: Ops = Ops {
+        run: |p, done| {
+            // SAFETY: `p` holds a `TaskRef` (this table's type), read exactly once.
+            unsafe { take::<TaskRef>(p) }.run(None, done)
+        },
+        into_task: |p| {
+            // SAFETY: as in `run`.
+            unsafe { take::<TaskRef>(p) }
+        },
+        drop: |p| {
+            // SAFETY: as in `run`.
+            drop(unsafe { take::<TaskRef>(p) });
+        },
+        node: true,
+    };
+}
+
+/// Whether a `T` fits in [`Words`].
+const fn fits<T>() -> bool {
+    size_of::<T>() <= size_of::<Words>() && align_of::<T>() <= align_of::<Words>()
+}
+
+/// Moves `value` into the bytes of a task. The caller keeps the bytes with `T`'s table.
+fn stash<T: Store>(value: T) -> LaneTask {
+    assert!(fits::<T>(), "a stored task fits in its slot");
+    let mut data = Words::uninit();
+    // SAFETY: `T` fits in `Words` (size and alignment, checked above), and `data` is ours.
+    unsafe { data.as_mut_ptr().cast::<T>().write(value) };
+    LaneTask { ops: &T::OPS, data }
+}
+
+/// Moves the `T` out of the bytes at `p`.
+///
+/// # Safety
+///
+/// `p` holds a `T` that [`stash`] wrote and nothing has taken yet; the caller never reads it
+/// again.
+unsafe fn take<T>(p: *mut Words) -> T {
+    // SAFETY: the caller's contract; `stash` wrote a `T` at the start of the (aligned) bytes.
+    unsafe { p.cast::<T>().read() }
+}
 
 /// A task in a lane's slot (see the module docs).
-pub(crate) struct LaneTask(TaskRef);
+pub(crate) struct LaneTask {
+    ops: &'static Ops,
+    data: Words,
+}
+
+// `LaneTask` is `Send` as its parts are (a static table and plain bytes); what the bytes hold
+// was `Send` when it went in: `execute` requires `F: Send`, and `TaskRef` is `Send`.
 
 impl LaneTask {
     /// A task node.
     pub(crate) fn node(task: TaskRef) -> LaneTask {
-        LaneTask(task)
+        stash(task)
     }
 
-    /// `execute`'s closure, in a node.
+    /// `execute`'s closure: inline if it fits, in a node otherwise.
     pub(crate) fn execute<F: FnOnce() + Send + 'static>(f: F) -> LaneTask {
-        LaneTask(TaskRef::new(crate::task::Detached(f), Kind::Plain, None))
+        if fits::<Inline<F>>() {
+            stash(Inline(f))
+        } else {
+            stash(TaskRef::new(Detached(f), Kind::Plain, None))
+        }
     }
 
-    /// The kind of submission that made the task.
+    /// The kind of submission that made the task (an inline task is always `execute`'s).
     pub(crate) fn kind(&self) -> Kind {
-        self.0.kind()
+        if self.ops.node {
+            // SAFETY: a node table's bytes hold a live `TaskRef`; we only borrow it.
+            unsafe { &*self.data.as_ptr().cast::<TaskRef>() }.kind()
+        } else {
+            Kind::Plain
+        }
     }
 
-    /// The task as a node.
+    /// The task as a node (an inline closure moves into a new one).
     pub(crate) fn into_task(self) -> TaskRef {
-        self.0
+        let mut this = ManuallyDrop::new(self);
+        // SAFETY: `this.data` holds what its table expects; `ManuallyDrop` keeps our `Drop` from
+        // using the bytes again.
+        unsafe { (this.ops.into_task)(&mut this.data) }
     }
 
     /// Runs the task (a panic is caught); `done(panicked)` runs before a handle resolves.
     /// Returns `true` if it panicked.
     pub(crate) fn run(self, done: &dyn Fn(bool)) -> bool {
-        self.0.run(None, done)
+        let mut this = ManuallyDrop::new(self);
+        // SAFETY: as in `into_task`.
+        unsafe { (this.ops.run)(&mut this.data, done) }
     }
 }
 
-/// One keyed submission in a lane: the key, its hash (the table's hasher) and its task; 24
-/// bytes for a `u64` key, so the queue's 32-byte slots sit two to a cache line.
+impl Drop for LaneTask {
+    fn drop(&mut self) {
+        // SAFETY: the bytes still hold what the table expects (`run` and `into_task` skip this
+        // drop); they are not used again.
+        unsafe { (self.ops.drop)(&mut self.data) }
+    }
+}
+
+/// One keyed submission in a lane: the key, its hash (the table's hasher) and its task; 56
+/// bytes for a `u64` key, so a lane FIFO's slot is one cache line.
 pub(crate) struct Item<K> {
     pub(crate) key: K,
     pub(crate) hash: u64,
     pub(crate) task: LaneTask,
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    struct Counted(Arc<AtomicUsize>);
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_small_closure_is_inline_and_runs_once() {
+        let ran = Arc::new(AtomicUsize::new(0));
+        let drops = Arc::new(AtomicUsize::new(0));
+        let (r, guard) = (ran.clone(), Counted(drops.clone()));
+        let t = LaneTask::execute(move || {
+            let _g = &guard;
+            r.fetch_add(1, Ordering::Relaxed);
+        });
+        assert!(!t.ops.node);
+        assert_eq!(t.kind(), Kind::Plain);
+        let done = AtomicUsize::new(0);
+        assert!(!t.run(&|p| {
+            assert!(!p);
+            done.fetch_add(1, Ordering::Relaxed);
+        }));
+        assert_eq!(ran.load(Ordering::Relaxed), 1);
+        assert_eq!(drops.load(Ordering::Relaxed), 1);
+        assert_eq!(done.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_big_closure_goes_into_a_node() {
+        let big = [7u64; 8];
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = ran.clone();
+        let t = LaneTask::execute(move || {
+            r.fetch_add(big.iter().sum::<u64>() as usize, Ordering::Relaxed);
+        });
+        assert!(t.ops.node);
+        assert_eq!(t.kind(), Kind::Plain);
+        t.into_task().run(None, &|_| {});
+        assert_eq!(ran.load(Ordering::Relaxed), 56);
+    }
+
+    #[test]
+    fn dropped_unrun_or_moved_into_a_node_drops_the_closure_once() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let g = Counted(drops.clone());
+        drop(LaneTask::execute(move || drop(g)));
+        assert_eq!(drops.load(Ordering::Relaxed), 1);
+        let g = Counted(drops.clone());
+        let node = LaneTask::execute(move || drop(g)).into_task();
+        assert_eq!(drops.load(Ordering::Relaxed), 1);
+        node.run(None, &|_| {});
+        assert_eq!(drops.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_panicking_inline_task_is_caught_and_reported() {
+        let seen = AtomicUsize::new(0);
+        let t = LaneTask::execute(|| panic!("boom"));
+        assert!(t.run(&|p| {
+            assert!(p);
+            seen.fetch_add(1, Ordering::Relaxed);
+        }));
+        assert_eq!(seen.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn an_item_is_a_line_with_the_fifo_flag() {
+        assert_eq!(size_of::<Item<u64>>(), 56);
+    }
 }
