@@ -9,11 +9,15 @@
 //!
 //! # Layout
 //!
-//! Blocks of [`BLOCK`] slots, linked by `next`. A slot is a `ready` flag and the item. The
-//! *tail* is a position counter plus the block it points into; the *head* likewise, owned by the
-//! popper. Positions run `lap * (BLOCK + 1) + offset`: offsets `0..BLOCK` are slots, and offset
-//! `BLOCK` is a gap that means "the last slot of this block was just taken and its taker is
-//! installing the next block".
+//! Blocks of [`BLOCK`] slots, linked by `next`. A slot is a `stamp` and the item. The *tail* is
+//! a position counter plus the block it points into; the *head* likewise, owned by the popper.
+//! Positions run `lap * (BLOCK + 1) + offset`: offsets `0..BLOCK` are slots, and offset `BLOCK`
+//! is a gap that means "the last slot of this block was just taken and its taker is installing
+//! the next block". A slot holds the item of position `p` once its stamp reads `p + 1`; positions
+//! only grow, so a stamp left from an earlier use of the block never matches, and a block can be
+//! used again without clearing it: the popper keeps the last block it emptied as the *spare*,
+//! which the next installer takes instead of allocating (`spare`, swapped `AcqRel`: the popper's
+//! reads of the block happen before the installer's writes).
 //!
 //! # Protocol
 //!
@@ -27,7 +31,7 @@
 //!     (Release), then moves the position past the gap to the next lap's offset 0 (Release;
 //!     nobody else writes the position while it is at the gap), then links `next` from the old
 //!     block (Release). Only then does it write its own slot.
-//!   - Writing the slot: the item, then `ready = true` (Release). That store is the pusher's
+//!   - Writing the slot: the item, then `stamp = p + 1` (Release). That store is the pusher's
 //!     last access to the block.
 //!
 //!   Why the block a pusher read is the right one: the tail block is stored *before* the
@@ -36,21 +40,23 @@
 //!   fails. Positions only grow, so a successful CAS from `p` proves the block it read is `p`'s.
 //! - **Pop** (only the popper, [`Fifo::pop`] is `unsafe` for that). Compare the head position
 //!   with the tail's (Acquire): equal means empty. Otherwise the head's slot was reserved; wait
-//!   for its `ready` (Acquire: the item and, for a last slot, the `next` link are visible), read
-//!   the item, and advance the head (`SeqCst` store, for [`Fifo::is_empty`]'s readers). After the
-//!   last slot of a block the popper follows `next` (stored before that slot was written), skips
-//!   the gap, and frees the old block.
+//!   until its stamp reads `head + 1` (Acquire: the item and, for a last slot, the `next` link
+//!   are visible), read the item, and advance the head (`SeqCst` store, for
+//!   [`Fifo::is_empty`]'s readers). After the last slot of a block the popper follows `next`
+//!   (stored before that slot was written), skips the gap, and makes the old block the spare
+//!   (freeing the spare it replaces).
 //!
 //! # Why nothing is lost, doubled or freed early
 //!
 //! - A slot is reserved by exactly one successful CAS, so exactly one pusher writes it; the
-//!   popper reads it once, after its `ready` (Release/Acquire), and the head passes it.
+//!   popper reads it once, after its stamp (Release/Acquire), and the head passes it.
 //! - Per pusher, its items take increasing positions; the popper reads positions in order. So
 //!   the pop order is the order in which the CASes succeeded, which respects each thread's push
 //!   order (and any order established between pushes by happens-before).
-//! - A block is freed by the popper after it read every slot of the block, that is after every
-//!   pusher of the block stored `ready` (its last access). A pusher whose CAS failed never touched
-//!   the block. So nobody uses a block after it is freed.
+//! - A block is given up (made the spare, or freed) by the popper after it read every slot of
+//!   the block, that is after every pusher of the block stored its stamp (its last access). A
+//!   pusher whose CAS failed never touched the block. So nobody uses a block after it is given
+//!   up, until an installer takes it from `spare` (Acquire) and links it in as new.
 //! - Emptiness, [`Fifo::is_empty`]: two `SeqCst` loads (head, then tail). A push's reserving CAS
 //!   and a pop's head store are `SeqCst` too, so a thread that fences `SeqCst` after its push
 //!   and a thread that fences before its emptiness check cannot both miss each other (the lane's
@@ -65,7 +71,7 @@ use core::ptr;
 
 use crossbeam_utils::{Backoff, CachePadded};
 
-use crate::sync::{AtomicBool, AtomicPtr, AtomicUsize, Ordering, UnsafeCell};
+use crate::sync::{AtomicPtr, AtomicUsize, Ordering, UnsafeCell};
 
 /// Slots per block. A 56-byte item makes 64-byte slots, so a block is 4 KiB.
 #[cfg(not(loom))]
@@ -78,7 +84,8 @@ pub const BLOCK: usize = 2;
 const LAP: usize = BLOCK + 1;
 
 struct Slot<T> {
-    ready: AtomicBool,
+    /// `p + 1` once the item of position `p` is written (0 in a new block).
+    stamp: AtomicUsize,
     value: UnsafeCell<MaybeUninit<T>>,
 }
 
@@ -89,15 +96,40 @@ struct Block<T> {
 }
 
 impl<T> Block<T> {
-    /// A new empty block, on the heap.
+    /// A new block, on the heap: every stamp 0, no `next`.
+    #[cfg(not(loom))]
+    fn alloc() -> *mut Block<T> {
+        let layout = core::alloc::Layout::new::<Block<T>>();
+        // SAFETY: `Block` is never zero-sized (it has a `next` pointer).
+        let p = unsafe { alloc::alloc::alloc_zeroed(layout) }.cast::<Block<T>>();
+        if p.is_null() {
+            alloc::alloc::handle_alloc_error(layout);
+        }
+        // All zeroes is a valid block: stamps 0, `next` null, the values uninitialised. It is
+        // allocated with `Block`'s own layout, so `Box::from_raw` may free it.
+        p
+    }
+
+    /// A new block, on the heap (loom's atomics must be made by their constructors).
+    #[cfg(loom)]
     fn alloc() -> *mut Block<T> {
         Box::into_raw(Box::new(Block {
             slots: core::array::from_fn(|_| Slot {
-                ready: AtomicBool::new(false),
+                stamp: AtomicUsize::new(0),
                 value: UnsafeCell::new(MaybeUninit::uninit()),
             }),
             next: AtomicPtr::new(ptr::null_mut()),
         }))
+    }
+
+    /// Frees `block`.
+    ///
+    /// # Safety
+    ///
+    /// `block` came from [`Block::alloc`] and nobody uses it any more.
+    unsafe fn free(block: *mut Block<T>) {
+        // SAFETY: the caller's contract; `alloc` made it with `Block`'s layout (either way).
+        drop(unsafe { Box::from_raw(block) });
     }
 }
 
@@ -105,6 +137,12 @@ impl<T> Block<T> {
 struct End<T> {
     index: AtomicUsize,
     block: AtomicPtr<Block<T>>,
+}
+
+/// The tail, and the popper's spare block (see "Layout").
+struct Tail<T> {
+    end: End<T>,
+    spare: AtomicPtr<Block<T>>,
 }
 
 /// A multi-pusher, one-popper-at-a-time FIFO with items stored in blocks of slots (see the
@@ -124,7 +162,7 @@ struct End<T> {
 /// ```
 pub struct Fifo<T> {
     head: CachePadded<End<T>>,
-    tail: CachePadded<End<T>>,
+    tail: CachePadded<Tail<T>>,
 }
 
 // SAFETY: items move between threads (pushed on one, popped on another), so `T: Send` is needed
@@ -153,9 +191,12 @@ impl<T> Fifo<T> {
                 index: AtomicUsize::new(0),
                 block: AtomicPtr::new(block),
             }),
-            tail: CachePadded::new(End {
-                index: AtomicUsize::new(0),
-                block: AtomicPtr::new(block),
+            tail: CachePadded::new(Tail {
+                end: End {
+                    index: AtomicUsize::new(0),
+                    block: AtomicPtr::new(block),
+                },
+                spare: AtomicPtr::new(ptr::null_mut()),
             }),
         }
     }
@@ -170,22 +211,22 @@ impl<T> Fifo<T> {
     /// ```
     pub fn push(&self, value: T) {
         let backoff = Backoff::new();
-        let mut tail = self.tail.index.load(Ordering::Acquire);
-        let mut block = self.tail.block.load(Ordering::Acquire);
+        let mut tail = self.tail.end.index.load(Ordering::Acquire);
+        let mut block = self.tail.end.block.load(Ordering::Acquire);
         let mut next: *mut Block<T> = ptr::null_mut();
         loop {
             let offset = tail % LAP;
             if offset == BLOCK {
                 // The next block is being installed.
                 snooze(&backoff);
-                tail = self.tail.index.load(Ordering::Acquire);
-                block = self.tail.block.load(Ordering::Acquire);
+                tail = self.tail.end.index.load(Ordering::Acquire);
+                block = self.tail.end.block.load(Ordering::Acquire);
                 continue;
             }
             if offset + 1 == BLOCK && next.is_null() {
-                next = Block::alloc();
+                next = self.take_block();
             }
-            match self.tail.index.compare_exchange_weak(
+            match self.tail.end.index.compare_exchange_weak(
                 tail,
                 tail + 1,
                 Ordering::SeqCst,
@@ -193,35 +234,60 @@ impl<T> Fifo<T> {
             ) {
                 Ok(_) => {
                     if offset + 1 == BLOCK {
-                        self.tail.block.store(next, Ordering::Release);
-                        self.tail.index.store(tail + 2, Ordering::Release);
+                        self.tail.end.block.store(next, Ordering::Release);
+                        self.tail.end.index.store(tail + 2, Ordering::Release);
                         // SAFETY: our CAS from `tail` succeeded, so `block` is `tail`'s block
-                        // (module docs), and it is not freed before the popper reads our slot,
+                        // (module docs), and it is not given up before the popper reads our slot,
                         // which we have not written yet.
                         unsafe { (*block).next.store(next, Ordering::Release) };
                         next = ptr::null_mut();
                     }
                     // SAFETY: as above, `block` is live and slot `offset` is ours alone: the
-                    // CAS reserved it, and the popper reads it only after `ready`.
+                    // CAS reserved it, and the popper reads it only after its stamp.
                     let slot = unsafe { &(*block).slots[offset] };
                     slot.value.with_mut(|p| {
                         // SAFETY: our slot (above); nobody else reads or writes it yet.
                         unsafe { (*p).write(value) };
                     });
-                    slot.ready.store(true, Ordering::Release);
+                    slot.stamp.store(tail + 1, Ordering::Release);
                     break;
                 }
                 Err(t) => {
                     tail = t;
-                    block = self.tail.block.load(Ordering::Acquire);
+                    block = self.tail.end.block.load(Ordering::Acquire);
                     backoff.spin();
                 }
             }
         }
         if !next.is_null() {
-            // SAFETY: allocated above by `Block::alloc`, never published (our CAS for the last
-            // slot did not happen).
-            drop(unsafe { Box::from_raw(next) });
+            // SAFETY: taken above, never published (our CAS for the last slot did not happen).
+            unsafe { self.give_block(next) };
+        }
+    }
+
+    /// A block for an installer: the spare if there is one, else a new one.
+    fn take_block(&self) -> *mut Block<T> {
+        let spare = self.tail.spare.swap(ptr::null_mut(), Ordering::AcqRel);
+        if spare.is_null() {
+            return Block::alloc();
+        }
+        // SAFETY: the spare is ours now (the swap took it), and whoever gave it up had finished
+        // with it (its `AcqRel` swap, our Acquire). Its stamps are stale, which is fine.
+        unsafe { (*spare).next.store(ptr::null_mut(), Ordering::Relaxed) };
+        spare
+    }
+
+    /// Makes `block` the spare, freeing the spare it replaces.
+    ///
+    /// # Safety
+    ///
+    /// `block` came from [`take_block`](Self::take_block) or [`Block::alloc`], and nobody uses
+    /// it any more.
+    unsafe fn give_block(&self, block: *mut Block<T>) {
+        let old = self.tail.spare.swap(block, Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: the swap took it out of `spare`, where nobody uses it (see `take_block`).
+            unsafe { Block::free(old) };
         }
     }
 
@@ -243,7 +309,7 @@ impl<T> Fifo<T> {
         // The head is the popper's alone (the caller's contract); the tail is read Acquire.
         let head = self.head.index.load(Ordering::Relaxed);
         let block = self.head.block.load(Ordering::Relaxed);
-        if head == self.tail.index.load(Ordering::Acquire) {
+        if head == self.tail.end.index.load(Ordering::Acquire) {
             return None;
         }
         let offset = head % LAP;
@@ -251,25 +317,25 @@ impl<T> Fifo<T> {
         // does; `offset < BLOCK` (the head never rests on the gap).
         let slot = unsafe { &(*block).slots[offset] };
         let backoff = Backoff::new();
-        while !slot.ready.load(Ordering::Acquire) {
+        while slot.stamp.load(Ordering::Acquire) != head + 1 {
             // Reserved (the tail is past it) but its pusher has not finished writing.
             snooze(&backoff);
         }
         let value = slot.value.with(|p| {
-            // SAFETY: `ready` (Acquire) shows the pusher's write; the slot is read once, here,
+            // SAFETY: the stamp (Acquire) shows the pusher's write; the slot is read once, here,
             // and never again (the head moves past it).
             unsafe { (*p).assume_init_read() }
         });
         if offset + 1 == BLOCK {
-            // SAFETY: still live (freed just below); `next` was stored before the last slot's
-            // `ready`, which we acquired.
+            // SAFETY: still live (given up just below); `next` was stored before the last slot's
+            // stamp, which we acquired.
             let next = unsafe { (*block).next.load(Ordering::Acquire) };
             self.head.block.store(next, Ordering::Relaxed);
             self.head.index.store(head + 2, Ordering::SeqCst);
             // SAFETY: every slot of `block` was read, so every pusher of it has finished
             // (module docs), the tail points past it, and the head now points to `next`: nobody
             // refers to it.
-            drop(unsafe { Box::from_raw(block) });
+            unsafe { self.give_block(block) };
         } else {
             self.head.index.store(head + 1, Ordering::SeqCst);
         }
@@ -287,7 +353,7 @@ impl<T> Fifo<T> {
     /// ```
     pub fn is_empty(&self) -> bool {
         let head = self.head.index.load(Ordering::SeqCst);
-        head == self.tail.index.load(Ordering::SeqCst)
+        head == self.tail.end.index.load(Ordering::SeqCst)
     }
 
     /// How many items it holds: a snapshot (any thread).
@@ -299,7 +365,7 @@ impl<T> Fifo<T> {
     /// ```
     pub fn len(&self) -> usize {
         let head = self.head.index.load(Ordering::SeqCst);
-        let tail = self.tail.index.load(Ordering::SeqCst);
+        let tail = self.tail.end.index.load(Ordering::SeqCst);
         slots_before(tail).saturating_sub(slots_before(head))
     }
 }
@@ -326,9 +392,14 @@ impl<T> Drop for Fifo<T> {
         while unsafe { self.pop() }.is_some() {}
         // Empty: the head and the tail share one block, which nobody else refers to.
         let block = self.head.block.load(Ordering::Relaxed);
-        // SAFETY: allocated by `Block::alloc`, live (only `pop` frees blocks, and it never frees
-        // the head's), and no longer reachable by anyone.
-        drop(unsafe { Box::from_raw(block) });
+        // SAFETY: allocated by `Block::alloc`, live (`pop` never gives up the head's block),
+        // and no longer reachable by anyone.
+        unsafe { Block::free(block) };
+        let spare = self.tail.spare.load(Ordering::Relaxed);
+        if !spare.is_null() {
+            // SAFETY: the spare is no longer reachable by anyone either.
+            unsafe { Block::free(spare) };
+        }
     }
 }
 
@@ -380,6 +451,21 @@ mod tests {
             assert_eq!(unsafe { q.pop() }, Some(v));
         }
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_reused_block_ignores_its_stale_stamps() {
+        // Push one, pop one: the popper gives up each block as the spare, and the next
+        // installer takes it back, stamps from the previous lap and all.
+        let q = Fifo::new();
+        for i in 0..10 * BLOCK {
+            q.push(i);
+            // SAFETY: the only popper.
+            assert_eq!(unsafe { q.pop() }, Some(i));
+            // SAFETY: the only popper.
+            assert_eq!(unsafe { q.pop() }, None);
+        }
+        assert!(!q.tail.spare.load(Ordering::Relaxed).is_null());
     }
 
     struct Counted(Arc<StdCount>);
