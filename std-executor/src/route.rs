@@ -83,10 +83,21 @@ where
         return Route::Direct(item);
     }
     let guard = crossbeam_epoch::pin();
+    // A plain item of a key without an active chain runs directly, as it is (an inline task
+    // stays inline): only an item bound for a chain becomes a node.
+    let mut first = None;
+    if plain {
+        match sh.table.get(&item.key, &guard) {
+            Some(e) if e.value().chain.is_active() => first = Some(e),
+            _ => return Route::Direct(item),
+        }
+    }
     let Item { key, task, .. } = item;
     let mut node = task.into_task().into_raw();
     loop {
-        let entry: &KeyEntry<K> = if plain {
+        let entry: &KeyEntry<K> = if let Some(e) = first.take() {
+            e
+        } else if plain {
             match sh.table.get(&key, &guard) {
                 Some(e) if e.value().chain.is_active() => e,
                 _ => {
