@@ -39,10 +39,13 @@
 //!   block or a later one; a later one means the position moved on, and then its CAS from `p`
 //!   fails. Positions only grow, so a successful CAS from `p` proves the block it read is `p`'s.
 //! - **Pop** (only the popper, [`Fifo::pop`] is `unsafe` for that). Compare the head position
-//!   with the tail's (Acquire): equal means empty. Otherwise the head's slot was reserved; wait
+//!   with the tail's: equal means empty. The popper compares with the tail it read last
+//!   (`tail_seen`, its own), and reads the tail again (Acquire) only when the head has caught up
+//!   with that: a tail once read stays reserved, so while a backlog lasts the popper does not
+//!   pull the pushers' line to its core at every pop. Otherwise the head's slot was reserved; wait
 //!   until its stamp reads `head + 1` (Acquire: the item and, for a last slot, the `next` link
-//!   are visible), read the item, and advance the head (`SeqCst` store, for
-//!   [`Fifo::is_empty`]'s readers). After the last slot of a block the popper follows `next`
+//!   are visible), read the item, and advance the head (a Release store: a reader that sees the
+//!   old head only thinks the FIFO is longer than it is). After the last slot of a block the popper follows `next`
 //!   (stored before that slot was written), skips the gap, and makes the old block the spare
 //!   (freeing the spare it replaces).
 //!
@@ -58,7 +61,7 @@
 //!   pusher whose CAS failed never touched the block. So nobody uses a block after it is given
 //!   up, until an installer takes it from `spare` (Acquire) and links it in as new.
 //! - Emptiness, [`Fifo::is_empty`]: two `SeqCst` loads (head, then tail). A push's reserving CAS
-//!   and a pop's head store are `SeqCst` too, so a thread that fences `SeqCst` after its push
+//!   is `SeqCst` too, so a thread that fences `SeqCst` after its push
 //!   and a thread that fences before its emptiness check cannot both miss each other (the lane's
 //!   wake protocol relies on that, as on crossbeam's `SegQueue`, whose indices behave the same).
 //!
@@ -139,6 +142,12 @@ struct End<T> {
     block: AtomicPtr<Block<T>>,
 }
 
+/// The head, and the last tail the popper read (see "Protocol").
+struct Head<T> {
+    end: End<T>,
+    tail_seen: AtomicUsize,
+}
+
 /// The tail, and the popper's spare block (see "Layout").
 struct Tail<T> {
     end: End<T>,
@@ -161,7 +170,7 @@ struct Tail<T> {
 /// assert!(q.is_empty());
 /// ```
 pub struct Fifo<T> {
-    head: CachePadded<End<T>>,
+    head: CachePadded<Head<T>>,
     tail: CachePadded<Tail<T>>,
 }
 
@@ -187,9 +196,12 @@ impl<T> Fifo<T> {
     pub fn new() -> Fifo<T> {
         let block = Block::alloc();
         Fifo {
-            head: CachePadded::new(End {
-                index: AtomicUsize::new(0),
-                block: AtomicPtr::new(block),
+            head: CachePadded::new(Head {
+                end: End {
+                    index: AtomicUsize::new(0),
+                    block: AtomicPtr::new(block),
+                },
+                tail_seen: AtomicUsize::new(0),
             }),
             tail: CachePadded::new(Tail {
                 end: End {
@@ -306,12 +318,19 @@ impl<T> Fifo<T> {
     /// assert_eq!(unsafe { q.pop() }, Some(7));
     /// ```
     pub unsafe fn pop(&self) -> Option<T> {
-        // The head is the popper's alone (the caller's contract); the tail is read Acquire.
-        let head = self.head.index.load(Ordering::Relaxed);
-        let block = self.head.block.load(Ordering::Relaxed);
-        if head == self.tail.end.index.load(Ordering::Acquire) {
-            return None;
+        // The head is the popper's alone (the caller's contract); the tail is read Acquire,
+        // and only once the head has reached the tail read last.
+        let head = self.head.end.index.load(Ordering::Relaxed);
+        // (`>=`: a tail read at a block's gap is one position behind the head that skipped it.)
+        if head >= self.head.tail_seen.load(Ordering::Relaxed) {
+            let tail = self.tail.end.index.load(Ordering::Acquire);
+            if head == tail {
+                return None;
+            }
+            debug_assert!(head < tail, "the head passed the tail");
+            self.head.tail_seen.store(tail, Ordering::Relaxed);
         }
+        let block = self.head.end.block.load(Ordering::Relaxed);
         let offset = head % LAP;
         // SAFETY: the head's block is live until the popper frees it below, and only the popper
         // does; `offset < BLOCK` (the head never rests on the gap).
@@ -330,14 +349,14 @@ impl<T> Fifo<T> {
             // SAFETY: still live (given up just below); `next` was stored before the last slot's
             // stamp, which we acquired.
             let next = unsafe { (*block).next.load(Ordering::Acquire) };
-            self.head.block.store(next, Ordering::Relaxed);
-            self.head.index.store(head + 2, Ordering::SeqCst);
+            self.head.end.block.store(next, Ordering::Relaxed);
+            self.head.end.index.store(head + 2, Ordering::Release);
             // SAFETY: every slot of `block` was read, so every pusher of it has finished
             // (module docs), the tail points past it, and the head now points to `next`: nobody
             // refers to it.
             unsafe { self.give_block(block) };
         } else {
-            self.head.index.store(head + 1, Ordering::SeqCst);
+            self.head.end.index.store(head + 1, Ordering::Release);
         }
         Some(value)
     }
@@ -352,7 +371,7 @@ impl<T> Fifo<T> {
     /// assert!(!q.is_empty());
     /// ```
     pub fn is_empty(&self) -> bool {
-        let head = self.head.index.load(Ordering::SeqCst);
+        let head = self.head.end.index.load(Ordering::SeqCst);
         head == self.tail.end.index.load(Ordering::SeqCst)
     }
 
@@ -364,7 +383,7 @@ impl<T> Fifo<T> {
     /// assert_eq!(q.len(), 100);
     /// ```
     pub fn len(&self) -> usize {
-        let head = self.head.index.load(Ordering::SeqCst);
+        let head = self.head.end.index.load(Ordering::SeqCst);
         let tail = self.tail.end.index.load(Ordering::SeqCst);
         slots_before(tail).saturating_sub(slots_before(head))
     }
@@ -391,7 +410,7 @@ impl<T> Drop for Fifo<T> {
         // SAFETY: `&mut self`: no other thread pushes or pops any more.
         while unsafe { self.pop() }.is_some() {}
         // Empty: the head and the tail share one block, which nobody else refers to.
-        let block = self.head.block.load(Ordering::Relaxed);
+        let block = self.head.end.block.load(Ordering::Relaxed);
         // SAFETY: allocated by `Block::alloc`, live (`pop` never gives up the head's block),
         // and no longer reachable by anyone.
         unsafe { Block::free(block) };

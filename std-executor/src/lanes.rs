@@ -79,7 +79,8 @@ pub(crate) type Fifo<T> = keyserial_core::fifo::Fifo<T>;
 /// `is_empty` reads it without the lock (as `Fifo::is_empty` loads the positions, `SeqCst`). The
 /// emptiness check therefore synchronises with nothing but that word, as with the real queue:
 /// the lock must not lend the "Waking for a push" protocol a happens-before the real queue does
-/// not give it.
+/// not give it. (The real `pop` advances its head with a Release store, so a reader may see a
+/// popped item as still queued; nothing here relies on seeing a pop, only on seeing a push.)
 #[cfg(loom)]
 pub struct Fifo<T> {
     items: crate::sync::Mutex<std::collections::VecDeque<T>>,
