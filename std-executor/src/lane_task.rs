@@ -9,10 +9,10 @@
 //! - **Node:** every other task (a handle's, a permit-gated, latest or distinct task, or a
 //!   closure too big to inline) is a task node (`task.rs`), and the slot holds its pointer.
 //!
-//! An item is 56 bytes for a `u64` key (key, hash, `ops`, 4 words), so with the FIFO's ready
-//! flag a slot is exactly one 64-byte line. Measured before (BENCHMARKS.md, run M): inlining into
-//! crossbeam's `SegQueue` (whose slot adds a state word, so slots straddled lines) cost 20% on W2
-//! with pre-boxed tasks; core's `Fifo` has no such word to add.
+//! An item is 56 bytes for a `u64` key (key, hash, `ops`, 4 words), so with the FIFO's stamp
+//! word a slot is exactly one 64-byte line. Measured before (BENCHMARKS.md, run M): inlining into
+//! crossbeam's `SegQueue` (whose slot adds a state word, so 40-byte slots straddled lines) cost
+//! 20% on W2 with pre-boxed tasks; core's `Fifo` aligns its blocks to lines, so each slot is one.
 //!
 //! A task whose key turns out to be tracked (`route.rs`) becomes a node on the way to its chain
 //! ([`LaneTask::into_task`]); the cost falls only on keys that need state.
@@ -251,7 +251,7 @@ mod tests {
     }
 
     #[test]
-    fn an_item_is_a_line_with_the_fifo_flag() {
+    fn an_item_is_a_line_with_the_fifo_stamp() {
         assert_eq!(size_of::<Item<u64>>(), 56);
     }
 }
