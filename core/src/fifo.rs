@@ -104,12 +104,17 @@ impl<T> Block<T> {
     fn alloc() -> *mut Block<T> {
         let layout = core::alloc::Layout::new::<Block<T>>();
         // SAFETY: `Block` is never zero-sized (it has a `next` pointer).
-        let p = unsafe { alloc::alloc::alloc_zeroed(layout) }.cast::<Block<T>>();
+        let p = unsafe { alloc::alloc::alloc(layout) }.cast::<Block<T>>();
         if p.is_null() {
             alloc::alloc::handle_alloc_error(layout);
         }
-        // All zeroes is a valid block: stamps 0, `next` null, the values uninitialised. It is
-        // allocated with `Block`'s own layout, so `Box::from_raw` may free it.
+        for i in 0..BLOCK {
+            // SAFETY: `p` is a fresh allocation with `Block`'s layout; only the stamps and
+            // `next` need values (the items are `MaybeUninit`).
+            unsafe { ptr::addr_of_mut!((*p).slots[i].stamp).write(AtomicUsize::new(0)) };
+        }
+        // SAFETY: as above.
+        unsafe { ptr::addr_of_mut!((*p).next).write(AtomicPtr::new(ptr::null_mut())) };
         p
     }
 
@@ -505,7 +510,10 @@ mod tests {
         drop(unsafe { q.pop() });
         assert_eq!(drops.load(std::sync::atomic::Ordering::Relaxed), 1);
         drop(q);
-        assert_eq!(drops.load(std::sync::atomic::Ordering::Relaxed), 2 * BLOCK + 3);
+        assert_eq!(
+            drops.load(std::sync::atomic::Ordering::Relaxed),
+            2 * BLOCK + 3
+        );
     }
 
     #[test]
