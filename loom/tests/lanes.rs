@@ -125,7 +125,8 @@ impl World {
 
     /// One pop by the lane's owner (the caller owns the lane).
     fn pop(&self) -> Option<u32> {
-        let item = self.queue.pop();
+        // SAFETY: the caller owns the lane, so it is the FIFO's only popper.
+        let item = unsafe { self.queue.pop() };
         self.owned.with_mut(|n| {
             // SAFETY: only the lane's owner touches the cell, and the caller owns the lane.
             unsafe { *n += 1 }
@@ -162,7 +163,8 @@ impl World {
 
     /// Pops what is left without an owner; call once every other thread is joined.
     fn leftovers(&self) -> Vec<u32> {
-        std::iter::from_fn(|| self.queue.pop()).collect()
+        // SAFETY: every other thread is joined: this is the only popper.
+        std::iter::from_fn(|| unsafe { self.queue.pop() }).collect()
     }
 }
 
