@@ -7,9 +7,10 @@
 //! `Lane::release_or_keep`, `Lanes::try_take` and `Lanes::queued_anywhere` are made of, reached
 //! through `keyserial::loom_api::lanes` (lanes.rs `loom_hooks`), over plain `u32` items instead of
 //! `Item<K>` (the protocol never looks into an item). Under `cfg(loom)` the lane's FIFO is
-//! lanes.rs's `Fifo`, a stand-in for `SegQueue`: the items sit under a loom mutex, but emptiness
-//! is a `SeqCst` length word read without the lock, as `SegQueue::is_empty` reads its indices, so
-//! the emptiness check borrows no happens-before from the lock that the real queue would not give.
+//! lanes.rs's `Fifo`, a stand-in for core's `fifo::Fifo` (modelled on its own in fifo.rs): the
+//! items sit under a loom mutex, but emptiness is a `SeqCst` length word read without the lock,
+//! as `Fifo::is_empty` reads its positions, so the emptiness check borrows no happens-before from
+//! the lock that the real queue would not give.
 //!
 //! The submitter's whole rule is real too (`push_then_look` returns what to do: nothing while a
 //! worker searches, the elastic hint while nobody is idle, and, while a worker sleeps and none
@@ -53,7 +54,7 @@
 //!
 //! **The sleeper's fence.** `park` issues a `fence(SeqCst)` right after its
 //! `deep.fetch_add(1, SeqCst)`, and so does the modelled sleeper. Without it the pairing would
-//! rest on `SegQueue::push` and `SegQueue::is_empty` being `SeqCst` operations in C11's single
+//! rest on `Fifo::push` and `Fifo::is_empty` being `SeqCst` operations in C11's single
 //! total order, which loom 0.7 does not model for atomic accesses (only for fences): the exact
 //! transcription of the fenceless version failed model (b) here on an execution C11 forbids. With
 //! the fence, the real code no longer depends on the queue's own orderings, and the model checks
