@@ -15,9 +15,29 @@
 //! is a gap that means "the last slot of this block was just taken and its taker is installing
 //! the next block". A slot holds the item of position `p` once its stamp reads `p + 1`; positions
 //! only grow, so a stamp left from an earlier use of the block never matches, and a block can be
-//! used again without clearing it: the popper keeps the last block it emptied as the *spare*,
-//! which the next installer takes instead of allocating (`spare`, swapped `AcqRel`: the popper's
-//! reads of the block happen before the installer's writes).
+//! used again without clearing it.
+//!
+//! # Spare blocks
+//!
+//! The popper does not free the blocks it empties: it pushes them onto a stack of *spares*
+//! (`spares`, linked through the blocks' own `next`), up to [`SPARES`] of them, and installers
+//! take their next block from there. A queue that drains and fills in bursts then allocates only
+//! when its backlog grows past what it held before: no allocator call (and, with glibc, no
+//! large-request path that merges every small chunk freed since) per block in the steady state.
+//!
+//! - **Givers push** (any thread): write the block's `next` (the stack below it), then CAS the
+//!   top to the block (Release). The givers are the popper, with a block it emptied, and a
+//!   pusher that allocated a block for an install it then lost to another pusher.
+//! - **Only the installer takes**, and installers take one at a time: the pusher whose CAS took a
+//!   block's last slot pops the stack *after* its CAS (read the top, Acquire; read its `next`;
+//!   CAS the top to that `next`, Acquire). Each install of a lap happens before the position
+//!   enters that lap (Release/Acquire on the position), so the next installer's take happens
+//!   after this one's. A block on the stack is never popped by anyone else, and its `next` does
+//!   not change while it is there, so a top that reads `X` still has `X`'s `next` below it: no
+//!   ABA. (A pusher that sees an empty stack before its CAS allocates before it, as an
+//!   installer's wait holds up every pusher of the lane; if it then loses, it gives the block.)
+//! - `spare_count` counts the stack (raised before a give's CAS, lowered after a take's), so the
+//!   stack stays near [`SPARES`]: a give past it frees the block instead.
 //!
 //! # Protocol
 //!
@@ -46,8 +66,8 @@
 //!   until its stamp reads `head + 1` (Acquire: the item and, for a last slot, the `next` link
 //!   are visible), read the item, and advance the head (a Release store: a reader that sees the
 //!   old head only thinks the FIFO is longer than it is). After the last slot of a block the popper follows `next`
-//!   (stored before that slot was written), skips the gap, and makes the old block the spare
-//!   (freeing the spare it replaces).
+//!   (stored before that slot was written), skips the gap, and gives the old block to the spares
+//!   (or frees it, when they are full).
 //!
 //! # Why nothing is lost, doubled or freed early
 //!
@@ -56,10 +76,10 @@
 //! - Per pusher, its items take increasing positions; the popper reads positions in order. So
 //!   the pop order is the order in which the CASes succeeded, which respects each thread's push
 //!   order (and any order established between pushes by happens-before).
-//! - A block is given up (made the spare, or freed) by the popper after it read every slot of
+//! - A block is given up (to the spares, or freed) by the popper after it read every slot of
 //!   the block, that is after every pusher of the block stored its stamp (its last access). A
 //!   pusher whose CAS failed never touched the block. So nobody uses a block after it is given
-//!   up, until an installer takes it from `spare` (Acquire) and links it in as new.
+//!   up, until an installer takes it from the spares (Acquire) and links it in as new.
 //! - Emptiness, [`Fifo::is_empty`]: two `SeqCst` loads (head, then tail). A push's reserving CAS
 //!   is `SeqCst` too, so a thread that fences `SeqCst` after its push
 //!   and a thread that fences before its emptiness check cannot both miss each other (the lane's
@@ -82,6 +102,13 @@ pub const BLOCK: usize = 63;
 /// Slots per block (small under loom, so that the models cross blocks).
 #[cfg(loom)]
 pub const BLOCK: usize = 2;
+
+/// At most this many spare blocks are kept (see "Spare blocks"): 256 KiB of 64-byte slots.
+#[cfg(not(loom))]
+pub const SPARES: usize = 64;
+/// At most this many spare blocks are kept (two under loom, so that the models fill the stack).
+#[cfg(loom)]
+pub const SPARES: usize = 2;
 
 /// Positions per block: the slots and the gap.
 const LAP: usize = BLOCK + 1;
@@ -153,10 +180,13 @@ struct Head<T> {
     tail_seen: AtomicUsize,
 }
 
-/// The tail, and the popper's spare block (see "Layout").
+/// The tail, and the stack of spare blocks (see "Spare blocks").
 struct Tail<T> {
     end: End<T>,
-    spare: AtomicPtr<Block<T>>,
+    /// The top spare, or null.
+    spares: AtomicPtr<Block<T>>,
+    /// How many spares: at least the stack's height (raised before a give, lowered after a take).
+    spare_count: AtomicUsize,
 }
 
 /// A multi-pusher, one-popper-at-a-time FIFO with items stored in blocks of slots (see the
@@ -213,7 +243,8 @@ impl<T> Fifo<T> {
                     index: AtomicUsize::new(0),
                     block: AtomicPtr::new(block),
                 },
-                spare: AtomicPtr::new(ptr::null_mut()),
+                spares: AtomicPtr::new(ptr::null_mut()),
+                spare_count: AtomicUsize::new(0),
             }),
         }
     }
@@ -240,8 +271,12 @@ impl<T> Fifo<T> {
                 block = self.tail.end.block.load(Ordering::Acquire);
                 continue;
             }
-            if offset + 1 == BLOCK && next.is_null() {
-                next = self.take_block();
+            if offset + 1 == BLOCK
+                && next.is_null()
+                && self.tail.spares.load(Ordering::Relaxed).is_null()
+            {
+                // No spare to take after the CAS: allocate before it, while nobody waits.
+                next = Block::alloc();
             }
             match self.tail.end.index.compare_exchange_weak(
                 tail,
@@ -251,13 +286,18 @@ impl<T> Fifo<T> {
             ) {
                 Ok(_) => {
                     if offset + 1 == BLOCK {
-                        self.tail.end.block.store(next, Ordering::Release);
+                        let new = if next.is_null() {
+                            // SAFETY: our CAS took the block's last slot: we are its installer.
+                            unsafe { self.take_spare() }
+                        } else {
+                            core::mem::replace(&mut next, ptr::null_mut())
+                        };
+                        self.tail.end.block.store(new, Ordering::Release);
                         self.tail.end.index.store(tail + 2, Ordering::Release);
                         // SAFETY: our CAS from `tail` succeeded, so `block` is `tail`'s block
                         // (module docs), and it is not given up before the popper reads our slot,
                         // which we have not written yet.
-                        unsafe { (*block).next.store(next, Ordering::Release) };
-                        next = ptr::null_mut();
+                        unsafe { (*block).next.store(new, Ordering::Release) };
                     }
                     // SAFETY: as above, `block` is live and slot `offset` is ours alone: the
                     // CAS reserved it, and the popper reads it only after its stamp.
@@ -282,29 +322,65 @@ impl<T> Fifo<T> {
         }
     }
 
-    /// A block for an installer: the spare if there is one, else a new one.
-    fn take_block(&self) -> *mut Block<T> {
-        let spare = self.tail.spare.swap(ptr::null_mut(), Ordering::AcqRel);
-        if spare.is_null() {
-            return Block::alloc();
-        }
-        // SAFETY: the spare is ours now (the swap took it), and whoever gave it up had finished
-        // with it (its `AcqRel` swap, our Acquire). Its stamps are stale, which is fine.
-        unsafe { (*spare).next.store(ptr::null_mut(), Ordering::Relaxed) };
-        spare
-    }
-
-    /// Makes `block` the spare, freeing the spare it replaces.
+    /// The installer's next block: the top spare, or a new block if there is none.
     ///
     /// # Safety
     ///
-    /// `block` came from [`take_block`](Self::take_block) or [`Block::alloc`], and nobody uses
-    /// it any more.
+    /// The caller is the installer of the next block: its CAS took a block's last slot (so
+    /// takes happen one at a time, each before the next; see "Spare blocks").
+    unsafe fn take_spare(&self) -> *mut Block<T> {
+        let mut top = self.tail.spares.load(Ordering::Acquire);
+        loop {
+            if top.is_null() {
+                return Block::alloc();
+            }
+            // SAFETY: `top` is on the stack and stays there until we take it (only installers
+            // take, one at a time): live, and its `next` (written before the give's Release CAS,
+            // which our Acquire read) is the spare below it.
+            let below = unsafe { (*top).next.load(Ordering::Relaxed) };
+            match self.tail.spares.compare_exchange_weak(
+                top,
+                below,
+                Ordering::Acquire,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(t) => top = t,
+            }
+        }
+        self.tail.spare_count.fetch_sub(1, Ordering::Relaxed);
+        // SAFETY: the spare is ours now, and whoever gave it up had finished with it (its
+        // Release CAS, our Acquire). Its stamps are stale, which is fine.
+        unsafe { (*top).next.store(ptr::null_mut(), Ordering::Relaxed) };
+        top
+    }
+
+    /// Gives `block` to the spares, or frees it if they are full.
+    ///
+    /// # Safety
+    ///
+    /// `block` came from [`Block::alloc`] (perhaps by way of the spares), and nobody uses it
+    /// any more.
     unsafe fn give_block(&self, block: *mut Block<T>) {
-        let old = self.tail.spare.swap(block, Ordering::AcqRel);
-        if !old.is_null() {
-            // SAFETY: the swap took it out of `spare`, where nobody uses it (see `take_block`).
-            unsafe { Block::free(old) };
+        if self.tail.spare_count.load(Ordering::Relaxed) >= SPARES {
+            // SAFETY: the caller's contract.
+            unsafe { Block::free(block) };
+            return;
+        }
+        self.tail.spare_count.fetch_add(1, Ordering::Relaxed);
+        let mut top = self.tail.spares.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: `block` is ours until the CAS below publishes it.
+            unsafe { (*block).next.store(top, Ordering::Relaxed) };
+            match self.tail.spares.compare_exchange_weak(
+                top,
+                block,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(t) => top = t,
+            }
         }
     }
 
@@ -419,10 +495,14 @@ impl<T> Drop for Fifo<T> {
         // SAFETY: allocated by `Block::alloc`, live (`pop` never gives up the head's block),
         // and no longer reachable by anyone.
         unsafe { Block::free(block) };
-        let spare = self.tail.spare.load(Ordering::Relaxed);
-        if !spare.is_null() {
-            // SAFETY: the spare is no longer reachable by anyone either.
+        let mut spare = self.tail.spares.load(Ordering::Relaxed);
+        while !spare.is_null() {
+            // SAFETY: the spares are no longer reachable by anyone either; each one's `next` is
+            // the one below it.
+            let below = unsafe { (*spare).next.load(Ordering::Relaxed) };
+            // SAFETY: as above.
             unsafe { Block::free(spare) };
+            spare = below;
         }
     }
 }
@@ -479,7 +559,7 @@ mod tests {
 
     #[test]
     fn a_reused_block_ignores_its_stale_stamps() {
-        // Push one, pop one: the popper gives up each block as the spare, and the next
+        // Push one, pop one: the popper gives up each block to the spares, and the next
         // installer takes it back, stamps from the previous lap and all.
         let q = Fifo::new();
         for i in 0..10 * BLOCK {
@@ -489,7 +569,36 @@ mod tests {
             // SAFETY: the only popper.
             assert_eq!(unsafe { q.pop() }, None);
         }
-        assert!(!q.tail.spare.load(Ordering::Relaxed).is_null());
+        assert!(!q.tail.spares.load(Ordering::Relaxed).is_null());
+        assert_eq!(q.tail.spare_count.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn spares_are_kept_up_to_the_bound_and_reused() {
+        // A backlog of many blocks, drained: at most `SPARES` of its blocks are kept, and a
+        // second backlog of that size takes them all back.
+        let q = Fifo::new();
+        let n = (SPARES + 4) * BLOCK;
+        let round = |q: &Fifo<usize>| {
+            (0..n).for_each(|i| q.push(i));
+            for i in 0..n {
+                // SAFETY: the only popper.
+                assert_eq!(unsafe { q.pop() }, Some(i));
+            }
+        };
+        round(&q);
+        assert_eq!(q.tail.spare_count.load(Ordering::Relaxed), SPARES);
+        let mut height = 0;
+        let mut top = q.tail.spares.load(Ordering::Relaxed);
+        while !top.is_null() {
+            height += 1;
+            // SAFETY: a spare, live; nobody pushes or pops meanwhile.
+            top = unsafe { (*top).next.load(Ordering::Relaxed) };
+        }
+        assert_eq!(height, SPARES);
+        round(&q);
+        assert_eq!(q.tail.spare_count.load(Ordering::Relaxed), SPARES);
+        assert!(q.is_empty());
     }
 
     struct Counted(Arc<StdCount>);
