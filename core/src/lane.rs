@@ -211,6 +211,18 @@ impl Lane {
         }
     }
 
+    /// The phase right now, read `SeqCst`: for a submitter's check after its push, which pairs
+    /// with an owner's [`release`](Self::release) without a fence on the submitter's side (see
+    /// `release`).
+    #[inline]
+    pub fn phase_after_push(&self) -> Phase {
+        match self.state.load(Ordering::SeqCst) & PHASE_MASK {
+            FREE => Phase::Free,
+            OWNED => Phase::Owned,
+            _ => Phase::Running,
+        }
+    }
+
     /// Takes a free lane for worker `me` (`me <= MAX_WORKER`); `false` if it is not free.
     ///
     /// On success everything the previous owner did before its [`release`](Self::release)
@@ -236,7 +248,10 @@ impl Lane {
     /// A submitter that pushes to the lane and then finds it `FREE` must make sure some worker
     /// takes it; the usual pairing is: the pusher pushes, fences (SeqCst), reads the phase; the
     /// owner releases, fences (SeqCst), and checks its FIFO once more (taking the lane back with
-    /// `try_acquire` if it is not empty). Then at least one of them sees the other.
+    /// `try_acquire` if it is not empty). Then at least one of them sees the other. A pusher
+    /// whose push ends in a `SeqCst` RMW (core's `Fifo`) may instead skip its fence and read the
+    /// phase `SeqCst` ([`phase_after_push`](Self::phase_after_push)): the owner's fence is then
+    /// ordered against both of the pusher's accesses in the single `SeqCst` order.
     #[inline]
     pub fn release(&self, me: usize) {
         let s = self.state.load(Ordering::Relaxed);

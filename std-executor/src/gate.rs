@@ -37,6 +37,8 @@ const ADMITTED: u64 = 1 << 21;
 
 pub struct Gate {
     words: Box<[CachePadded<AtomicU64>]>,
+    /// `words.len() - 1` (a power of two): a thread's word is `thread_slot() & mask`.
+    mask: usize,
 }
 
 /// Process-wide round-robin of thread slots: a plain std atomic (not part of any protocol, and
@@ -67,6 +69,7 @@ pub struct Ticket<'a> {
 
 impl Ticket<'_> {
     /// The task was pushed: count it as admitted and leave the gate.
+    #[inline]
     pub fn admit(self) {
         self.word.fetch_add(ADMITTED - IN_FLIGHT, Ordering::Release);
         std::mem::forget(self);
@@ -80,17 +83,22 @@ impl Drop for Ticket<'_> {
 }
 
 impl Gate {
+    /// A gate of at least `words` words (rounded up to a power of two, so that picking a
+    /// thread's word is a mask, not a division).
     pub fn new(words: usize) -> Gate {
+        let n = words.max(1).next_power_of_two();
         Gate {
-            words: (0..words.max(1))
+            words: (0..n)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
+            mask: n - 1,
         }
     }
 
     /// Enters the gate, or `None` once it is closed.
+    #[inline]
     pub fn enter(&self) -> Option<Ticket<'_>> {
-        let word = &self.words[thread_slot() % self.words.len()];
+        let word = &self.words[thread_slot() & self.mask];
         let prev = word.fetch_add(IN_FLIGHT, Ordering::Acquire);
         let ticket = Ticket { word };
         if prev & CLOSED != 0 {

@@ -14,21 +14,34 @@
 //!
 //! # Waking for a push (no lost wakeup)
 //!
-//! A submitter pushes its item, issues a `SeqCst` fence, then reads the sleep word once
-//! (`sleep.rs`: how many workers search, how many sleep); on a busy serializer that is all it
-//! does, and it reads nothing the workers write per task:
+//! A submitter pushes its item, then reads the sleep word once, `SeqCst` (`sleep.rs`: how many
+//! workers search, how many sleep); on a busy serializer that is all it does, and it reads
+//! nothing the workers write per task:
 //!
 //! - **A worker searches:** nothing to do. A searcher finds the item, or registers as asleep and
 //!   then looks again (below).
 //! - **Nobody searches or sleeps** (every worker is inside a task or serving a lane): nothing to
 //!   wake; every worker looks at the lanes before it sleeps. (The elastic pool hears of it.)
-//! - **A worker sleeps and none searches:** it reads the lane's phase. `FREE`: nobody will pop
+//! - **A worker sleeps and none searches:** it reads the lane's phase (`SeqCst`). `FREE`: nobody will pop
 //!   the lane unless a worker comes: it notifies (one wakeup; `sleep.rs`). `OWNED`/`RUNNING`: the
 //!   owner pops the item after its current task, so it notifies only if some sleeper is *deep*
 //!   (below) and would not notice that owner getting stuck.
 //!
-//! The pairings, each a `SeqCst` fence on both sides, so whichever side comes second sees the
-//! other's write (checked by `loom/tests/lanes.rs`):
+//! The pairings (checked by `loom/tests/lanes.rs`). On the workers' side: a write, a `SeqCst`
+//! fence, then a look at the lanes' FIFOs. On the submitter's side: the push, whose reserving CAS
+//! is `SeqCst` (`Fifo::push`), then `SeqCst` loads, and no fence. Whichever side comes second
+//! sees the other's write. Why, in the C++20 model that Rust uses ([atomics.order] p4): say the
+//! worker's look misses the push and the submitter's load misses the worker's write. The look
+//! reads the tail before the CAS and the worker's fence happens before the look, so the fence
+//! precedes the CAS in the single total order `S` (p4.3); the submitter's `SeqCst` load reads
+//! before the worker's write, which happens before the fence, so the load precedes the fence in
+//! `S` (p4.2); and the CAS precedes the load in `S` (same thread, both `SeqCst`). That is a
+//! cycle in `S`, so one of the two sees the other. On x86-64 the CAS is a locked instruction and
+//! the loads are plain moves: the submitter pays no fence (a `SeqCst` fence there drains the
+//! store buffer, and with it the write miss on the slot just filled). Loom models `SeqCst`
+//! accesses as acquire/release only, so under `cfg(loom)` the submitter issues a `SeqCst` fence
+//! after its push instead: the models check the protocol with the fence, and the argument above
+//! carries it to the fence-free code.
 //!
 //! - **An owner that finds its lane empty** releases it (`FREE`), fences and looks at the queue
 //!   once more, re-acquiring it if it is not empty: either it sees the item or the submitter sees
@@ -150,9 +163,10 @@ pub enum AfterPush {
 }
 
 /// The submitter's half of "Waking for a push": pushes `item` onto the lane (`word`, `queue`),
-/// issues a `SeqCst` fence, then reads `idle()` (whether some worker is registered asleep, and
-/// whether some worker is searching: one load of the sleep word) and, only if a worker sleeps
-/// and none searches, the lane's phase and `deep`.
+/// then reads `idle()` (whether some worker is registered asleep, and whether some worker is
+/// searching: one `SeqCst` load of the sleep word) and, only if a worker sleeps and none
+/// searches, the lane's phase and `deep` (`SeqCst`). No fence: the push's `SeqCst` CAS pairs
+/// with the workers' fences (module docs), except under loom, which needs the fence.
 #[inline]
 pub fn push_then_look<T>(
     word: &LaneWord,
@@ -162,12 +176,13 @@ pub fn push_then_look<T>(
     idle: impl FnOnce() -> (bool, bool),
 ) -> AfterPush {
     queue.push(item);
+    #[cfg(loom)]
     fence(Ordering::SeqCst);
     match idle() {
         (_, true) => AfterPush::Nothing,
         (false, false) => AfterPush::AllBusy,
         (true, false) => {
-            if word.phase() == Phase::Free || deep.load(Ordering::SeqCst) > 0 {
+            if word.phase_after_push() == Phase::Free || deep.load(Ordering::SeqCst) > 0 {
                 AfterPush::Notify
             } else {
                 AfterPush::Nothing
@@ -370,6 +385,7 @@ impl<K> Lanes<K> {
 
     /// Pushes `item` onto its lane; says whether to wake a worker (see "Waking for a push" in
     /// the module docs). `idle`: someone asleep, someone searching (the sleep word, read once).
+    #[inline]
     pub(crate) fn push(&self, item: Item<K>, idle: impl FnOnce() -> (bool, bool)) -> AfterPush {
         let lane = &self.lanes[self.index_of(item.hash)];
         push_then_look(&lane.word, &lane.queue, item, &self.deep, idle)

@@ -131,6 +131,7 @@ impl<K: Hash + Eq + Clone> LatestCells<K> {
 
     /// Any other keyed submission of `key`, after its push: no later latest task may replace the
     /// key's pending one.
+    #[inline]
     pub(crate) fn seal(&self, hash: u64) {
         if self.len.load(Ordering::SeqCst) == 0 {
             return;

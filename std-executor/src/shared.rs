@@ -185,6 +185,7 @@ where
 
     /// Pushes a keyed item onto its lane and wakes a worker if it needs one (see "Waking for
     /// a push" in `lanes.rs`).
+    #[inline]
     pub(crate) fn push_keyed(&self, item: Item<K>) {
         match self.lanes.push(item, || self.sleep.idle_now()) {
             AfterPush::Nothing => {}
@@ -205,9 +206,18 @@ where
     /// Every worker was seen busy (none searching or asleep) while work waits: start the elastic
     /// clock and let the supervisor look (`supervisor.rs`). Cheap when the clock already runs,
     /// and a no-op without elastic slots.
+    #[inline]
     pub(crate) fn starving(&self) {
-        if self.config.max_workers > self.config.workers
-            && self.starved_since.load(Ordering::Relaxed) == 0
+        if self.config.max_workers > self.config.workers {
+            self.start_starved_clock();
+        }
+    }
+
+    /// `starving` with elastic slots: stamps the clock if it is not running, and wakes the
+    /// supervisor.
+    #[inline(never)]
+    fn start_starved_clock(&self) {
+        if self.starved_since.load(Ordering::Relaxed) == 0
             && self
                 .starved_since
                 .compare_exchange(0, self.now_ms(), Ordering::AcqRel, Ordering::Relaxed)

@@ -140,6 +140,7 @@ impl Sleep {
     }
 
     /// One load: whether some worker is registered asleep, and whether some is searching.
+    #[inline]
     pub fn idle_now(&self) -> (bool, bool) {
         let w = self.word.load(Ordering::SeqCst);
         (sleepers(w) > 0, searching(w) > 0)
