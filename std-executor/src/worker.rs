@@ -55,6 +55,20 @@
 //! finds work while more waits and nobody else is idle starts the elastic clock, whatever the
 //! timing of the submits (`supervisor.rs`); loom models of that claim: `loom/tests/starvation.rs`.
 //!
+//! # Idle workers nap before they sleep
+//!
+//! A worker whose search comes back empty searches again after [`SPIN_ROUNDS`] short spins
+//! (`2^round` spin hints each), then after each of [`NAP_ROUNDS`] naps of [`NAP`], and only then
+//! registers asleep (below). A napping worker is neither searching nor asleep in the sleep word,
+//! so a submitter wakes nobody for it (no wakeup is lost: it searches again when the nap ends).
+//! Why naps and not `yield_now`: a worker that polls the lanes without pause keeps taking the
+//! lines a submitter writes at every push (the FIFO's tail, the slot next to the one it reads),
+//! and on a busy machine runs in lockstep with the submitter, one item per look, each push then
+//! waiting for its lines to come back. A nap lets a batch build up, which the worker then reads
+//! in order, one tail read per batch (`core::fifo`). A nap costs an item that arrives during it
+//! at most `NAP` (plus the timer's slack) of latency, only while no worker is running, and no
+//! worker registers asleep for a gap between submits shorter than the naps.
+//!
 //! # Draining and fairness
 //!
 //! The worker owns the chain it popped. It runs at most `fairness_budget` tasks, then, if the chain
@@ -94,8 +108,15 @@ use crate::slot::{Counters, Owned, Slot};
 use crate::sync::{lock, Ordering};
 use crate::task::{Abandon, Kind, TaskRef};
 
-/// How many rounds an idle worker spins (re-searching) before it parks.
-const SPIN_ROUNDS: u32 = 16;
+/// How many rounds an idle worker spins (re-searching after `2^round` spin hints) before it
+/// naps.
+const SPIN_ROUNDS: u32 = 6;
+
+/// How many naps an idle worker takes (re-searching after each) before it registers asleep.
+const NAP_ROUNDS: u32 = 16;
+
+/// An idle worker's nap between two searches (see "Idle workers nap before they sleep").
+const NAP: Duration = Duration::from_micros(20);
 
 /// A worker starts its search at the global queue once every this many looks.
 const GLOBAL_INTERVAL: u32 = 31;
@@ -271,10 +292,10 @@ where
             if self.leave_busy() {
                 return;
             }
-            if spins < SPIN_ROUNDS {
+            if spins < SPIN_ROUNDS + NAP_ROUNDS {
                 spins += 1;
-                if spins > 6 {
-                    std::thread::yield_now();
+                if spins > SPIN_ROUNDS {
+                    std::thread::sleep(NAP);
                 } else {
                     for _ in 0..(1 << spins) {
                         std::hint::spin_loop();
