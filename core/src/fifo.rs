@@ -113,14 +113,14 @@ pub const BLOCK: usize = 2;
 
 /// At most this many spare blocks are kept (see "Spare blocks"): 256 KiB of 64-byte slots.
 #[cfg(not(loom))]
-pub const SPARES: usize = 256;
+pub const SPARES: usize = 64;
 /// At most this many spare blocks are kept (two under loom, so that the models fill the stack).
 #[cfg(loom)]
 pub const SPARES: usize = 2;
 
 /// The popper keeps at least this many spares (see "Spare blocks").
 #[cfg(not(loom))]
-pub const STOCK: usize = 16;
+pub const STOCK: usize = 4;
 /// The popper keeps at least this many spares: none under loom, where a model's blocks are
 /// counted and installers must also allocate (a stocked block is given like any other).
 #[cfg(loom)]
