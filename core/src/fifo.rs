@@ -274,6 +274,39 @@ impl<T> Fifo<T> {
     /// assert_eq!(q.len(), 1);
     /// ```
     pub fn push(&self, value: T) {
+        self.push_with(move || value);
+    }
+
+    /// Appends the item `make` returns, calling it only once the item's slot is reserved, so
+    /// that the item is built where it is stored (nothing to copy in from the caller's frame).
+    ///
+    /// `make` must not unwind: the popper waits for the reserved slot, so a `make` that panics
+    /// aborts the process instead.
+    ///
+    /// ```
+    /// let q = keyserial_core::fifo::Fifo::new();
+    /// q.push_with(|| [7u64; 4]);
+    /// // SAFETY: the only popper.
+    /// assert_eq!(unsafe { q.pop() }, Some([7; 4]));
+    /// ```
+    #[inline]
+    pub fn push_with(&self, make: impl FnOnce() -> T) {
+        let (slot, stamp) = self.reserve();
+        let bomb = AbortOnUnwind;
+        let value = make();
+        core::mem::forget(bomb);
+        slot.value.with_mut(|p| {
+            // SAFETY: `reserve` made the slot ours alone; nobody else reads or writes it until
+            // its stamp says it is written.
+            unsafe { (*p).write(value) };
+        });
+        slot.stamp.store(stamp, Ordering::Release);
+    }
+
+    /// Reserves the next slot (see "Protocol"): returns it and the stamp that marks it written.
+    /// Lock-free except that a pusher waits while another one, which took a block's last slot,
+    /// installs the next block (two stores).
+    fn reserve(&self) -> (&Slot<T>, usize) {
         let backoff = Backoff::new();
         let mut tail = self.tail.end.index.load(Ordering::Acquire);
         let mut block = self.tail.end.block.load(Ordering::Acquire);
@@ -314,22 +347,21 @@ impl<T> Fifo<T> {
                         // (module docs), and it is not given up before the popper reads our slot,
                         // which we have not written yet.
                         unsafe { (*block).next.store(new, Ordering::Release) };
+                    } else if !next.is_null() {
+                        // SAFETY: allocated above for a last slot we did not get; never
+                        // published.
+                        unsafe { self.give_block(next) };
                     }
-                    // SAFETY: as above, `block` is live and slot `offset` is ours alone: the
-                    // CAS reserved it, and the popper reads it only after its stamp.
-                    let slot = unsafe { &(*block).slots[offset] };
                     if offset + 1 < BLOCK {
                         // The next push's slot: ask for its line now, so that its write does
                         // not wait for the line to leave the popper's cache.
                         // SAFETY: `block` is live (above); a prefetch reads nothing.
                         prefetch_write(unsafe { ptr::addr_of!((*block).slots[offset + 1]) });
                     }
-                    slot.value.with_mut(|p| {
-                        // SAFETY: our slot (above); nobody else reads or writes it yet.
-                        unsafe { (*p).write(value) };
-                    });
-                    slot.stamp.store(tail + 1, Ordering::Release);
-                    break;
+                    // SAFETY: as above, `block` is live until the popper has read slot
+                    // `offset`, which is ours alone: the CAS reserved it, and the popper reads
+                    // it only after its stamp.
+                    return (unsafe { &(*block).slots[offset] }, tail + 1);
                 }
                 Err(t) => {
                     tail = t;
@@ -337,10 +369,6 @@ impl<T> Fifo<T> {
                     backoff.spin();
                 }
             }
-        }
-        if !next.is_null() {
-            // SAFETY: taken above, never published (our CAS for the last slot did not happen).
-            unsafe { self.give_block(next) };
         }
     }
 
@@ -529,6 +557,16 @@ fn prefetch_write<U>(p: *const U) {
     let _ = p;
 }
 
+/// Aborts the process if dropped during unwinding (a panic while panicking aborts): held across
+/// a `push_with` caller's `make`, after which a reserved slot must be written.
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        panic!("a FIFO item's constructor unwound with its slot reserved");
+    }
+}
+
 /// One step of a wait: crossbeam's backoff normally, a yield to the model's scheduler under loom.
 fn snooze(backoff: &Backoff) {
     #[cfg(not(loom))]
@@ -673,6 +711,22 @@ mod tests {
         (0..BLOCK).for_each(|i| q.push(BLOCK + 1 + i));
         assert_eq!(q.tail.spare_count.load(Ordering::Relaxed), STOCK.max(1) - 1);
         for i in BLOCK..2 * BLOCK + 1 {
+            // SAFETY: the only popper.
+            assert_eq!(unsafe { q.pop() }, Some(i));
+        }
+    }
+
+    #[test]
+    fn push_with_builds_the_item_once_its_slot_is_reserved() {
+        let q = Fifo::new();
+        for i in 0..2 * BLOCK + 1 {
+            // The slot is reserved (counted) before the item exists.
+            q.push_with(|| {
+                assert_eq!(q.len(), i + 1);
+                i
+            });
+        }
+        for i in 0..2 * BLOCK + 1 {
             // SAFETY: the only popper.
             assert_eq!(unsafe { q.pop() }, Some(i));
         }

@@ -120,7 +120,13 @@ impl World {
     /// none searching" (the case in which the lane's phase decides; model (d) checks the
     /// others). Returns whether it notifies.
     fn submit(&self, item: u32) -> bool {
-        let after = hooks::push(&self.word, &self.queue, item, &self.deep, || (true, false));
+        let after = hooks::push(
+            &self.word,
+            &self.queue,
+            move || item,
+            &self.deep,
+            || (true, false),
+        );
         after == AfterPush::Notify
     }
 
@@ -353,7 +359,8 @@ fn push_vs_worker_going_to_sleep() {
         let submitter = {
             let (w, sleep) = (w.clone(), sleep.clone());
             thread::spawn(move || {
-                hooks::push(&w.word, &w.queue, 1, &w.deep, || sleep.idle_now()) == AfterPush::Notify
+                hooks::push(&w.word, &w.queue, || 1, &w.deep, || sleep.idle_now())
+                    == AfterPush::Notify
             })
         };
         let saw_item = sleeper.join().unwrap();

@@ -120,8 +120,13 @@ impl<T> Fifo<T> {
 
     /// Appends `item`.
     pub fn push(&self, item: T) {
+        self.push_with(move || item);
+    }
+
+    /// Appends the item `make` returns (as `Fifo::push_with`).
+    pub fn push_with(&self, make: impl FnOnce() -> T) {
         let mut items = crate::sync::lock(&self.items);
-        items.push_back(item);
+        items.push_back(make());
         self.len.fetch_add(1, Ordering::SeqCst);
     }
 
@@ -162,20 +167,21 @@ pub enum AfterPush {
     AllBusy,
 }
 
-/// The submitter's half of "Waking for a push": pushes `item` onto the lane (`word`, `queue`),
-/// then reads `idle()` (whether some worker is registered asleep, and whether some worker is
-/// searching: one `SeqCst` load of the sleep word) and, only if a worker sleeps and none
-/// searches, the lane's phase and `deep` (`SeqCst`). No fence: the push's `SeqCst` CAS pairs
-/// with the workers' fences (module docs), except under loom, which needs the fence.
+/// The submitter's half of "Waking for a push": pushes the item `make` builds onto the lane
+/// (`word`, `queue`; built in its slot once that is reserved, `Fifo::push_with`: `make` must
+/// not unwind), then reads `idle()` (whether some worker is registered asleep, and whether some
+/// worker is searching: one `SeqCst` load of the sleep word) and, only if a worker sleeps and
+/// none searches, the lane's phase and `deep` (`SeqCst`). No fence: the push's `SeqCst` CAS
+/// pairs with the workers' fences (module docs), except under loom, which needs the fence.
 #[inline]
 pub fn push_then_look<T>(
     word: &LaneWord,
     queue: &Fifo<T>,
-    item: T,
+    make: impl FnOnce() -> T,
     deep: &AtomicUsize,
     idle: impl FnOnce() -> (bool, bool),
 ) -> AfterPush {
-    queue.push(item);
+    queue.push_with(make);
     #[cfg(loom)]
     fence(Ordering::SeqCst);
     match idle() {
@@ -383,12 +389,17 @@ impl<K> Lanes<K> {
         &self.lanes[l]
     }
 
-    /// Pushes `item` onto its lane; says whether to wake a worker (see "Waking for a push" in
+    /// Pushes the item `make` builds onto the lane of `hash`; says whether to wake a worker (see "Waking for a push" in
     /// the module docs). `idle`: someone asleep, someone searching (the sleep word, read once).
     #[inline]
-    pub(crate) fn push(&self, item: Item<K>, idle: impl FnOnce() -> (bool, bool)) -> AfterPush {
-        let lane = &self.lanes[self.index_of(item.hash)];
-        push_then_look(&lane.word, &lane.queue, item, &self.deep, idle)
+    pub(crate) fn push(
+        &self,
+        hash: u64,
+        make: impl FnOnce() -> Item<K>,
+        idle: impl FnOnce() -> (bool, bool),
+    ) -> AfterPush {
+        let lane = &self.lanes[self.index_of(hash)];
+        push_then_look(&lane.word, &lane.queue, make, &self.deep, idle)
     }
 
     /// A lane that is `FREE` with items queued, taken by worker `me`: its home lanes first

@@ -451,14 +451,19 @@ where
             release_cap();
             return refuse(RejectReason::Duplicate, None);
         }
-        let task = build();
         // Every keyed task enters through its key's lane, in submission order (`lanes.rs`); a
-        // latest task may instead replace its key's pending one (`latest_cells.rs`).
+        // latest task may instead replace its key's pending one (`latest_cells.rs`). The item
+        // is built in its lane slot once that is reserved (`Fifo::push_with`): key clones and
+        // hashing, which run user code that may panic, come before.
         if kind == Kind::Latest {
+            let task = build();
             let push = |cell| {
-                let task = LaneTask::node(cell);
                 let key = key.clone();
-                sh.push_keyed(Item { key, hash, task });
+                sh.push_keyed(hash, || Item {
+                    key,
+                    hash,
+                    task: LaneTask::node(cell),
+                });
             };
             if let Offered::Replaced(old) = sh.latest.offer(&key, hash, task.into_task(), push) {
                 old.abandon(Abandon::Superseded);
@@ -466,7 +471,11 @@ where
                 release_cap();
             }
         } else {
-            sh.push_keyed(Item { key, hash, task });
+            sh.push_keyed(hash, || Item {
+                key,
+                hash,
+                task: build(),
+            });
             sh.latest.seal(hash);
         }
         ticket.admit();

@@ -186,8 +186,8 @@ where
     /// Pushes a keyed item onto its lane and wakes a worker if it needs one (see "Waking for
     /// a push" in `lanes.rs`).
     #[inline]
-    pub(crate) fn push_keyed(&self, item: Item<K>) {
-        match self.lanes.push(item, || self.sleep.idle_now()) {
+    pub(crate) fn push_keyed(&self, hash: u64, make: impl FnOnce() -> Item<K>) {
+        match self.lanes.push(hash, make, || self.sleep.idle_now()) {
             AfterPush::Nothing => {}
             AfterPush::Notify => self.notify(),
             // Queued while no worker is idle: its lane's owner may be stuck in a task.
