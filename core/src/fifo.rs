@@ -541,11 +541,11 @@ fn slots_before(index: usize) -> usize {
 /// and writes nothing, so any address is fine; a no-op where there is no such instruction).
 #[inline(always)]
 fn prefetch_write<U>(p: *const U) {
+    // (`_mm_prefetch` with the write hint compiles to a plain read prefetch unless the crate is
+    // built for `prfchw`, hence the instruction itself.)
     #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
     // SAFETY: `prefetchw` changes neither memory nor registers nor flags, and does not fault on
     // any address (x86-64 CPUs without it run it as a no-op: it is in the reserved-NOP space).
-    // (`_mm_prefetch` with the write hint compiles to a plain read prefetch unless the crate is
-    // built for `prfchw`, hence the instruction itself.)
     unsafe {
         core::arch::asm!(
             "prefetchw [{p}]",
