@@ -55,12 +55,14 @@
 //!     reads the new position and the block again). Only after its CAS succeeds does a pusher
 //!     touch the block it read.
 //!   - The pusher that took the last slot (offset `BLOCK - 1`, which left the position at the
-//!     gap) installs the next block, allocated before its CAS: it stores the tail block
+//!     gap) installs the next block (a spare taken after its CAS, or, if it saw no spare, one
+//!     it allocated before its CAS; see "Spare blocks"): it stores the tail block
 //!     (Release), then moves the position past the gap to the next lap's offset 0 (Release;
 //!     nobody else writes the position while it is at the gap), then links `next` from the old
 //!     block (Release). Only then does it write its own slot.
-//!   - Writing the slot: the item, then `stamp = p + 1` (Release). That store is the pusher's
-//!     last access to the block.
+//!   - Writing the slot: the item (built only now by [`Fifo::push_with`]'s `make`, which must
+//!     not unwind: the popper waits for the slot, so an unwinding `make` aborts), then
+//!     `stamp = p + 1` (Release). That store is the pusher's last access to the block.
 //!
 //!   Why the block a pusher read is the right one: the tail block is stored *before* the
 //!   position enters its lap, so a pusher that read position `p` (Acquire) reads that lap's
@@ -460,6 +462,17 @@ impl<T> Fifo<T> {
     /// assert_eq!(unsafe { q.pop() }, Some(7));
     /// ```
     pub unsafe fn pop(&self) -> Option<T> {
+        // SAFETY: the caller's contract.
+        unsafe { self.take(true) }
+    }
+
+    /// `pop`, stocking the spares after a block it empties only if `stock` (not when dropping).
+    ///
+    /// # Safety
+    ///
+    /// As [`pop`](Self::pop).
+    #[inline(always)]
+    unsafe fn take(&self, stock: bool) -> Option<T> {
         // The head is the popper's alone (the caller's contract); the tail is read Acquire,
         // and only once the head has reached the tail read last.
         let head = self.head.end.index.load(Ordering::Relaxed);
@@ -497,7 +510,9 @@ impl<T> Fifo<T> {
             // (module docs), the tail points past it, and the head now points to `next`: nobody
             // refers to it.
             unsafe { self.give_block(block) };
-            self.stock_spares();
+            if stock {
+                self.stock_spares();
+            }
         } else {
             self.head.end.index.store(head + 1, Ordering::Release);
         }
@@ -581,7 +596,8 @@ fn snooze(backoff: &Backoff) {
 impl<T> Drop for Fifo<T> {
     fn drop(&mut self) {
         // SAFETY: `&mut self`: no other thread pushes or pops any more.
-        while unsafe { self.pop() }.is_some() {}
+        // (Without stocking: the spares are about to be freed.)
+        while unsafe { self.take(false) }.is_some() {}
         // Empty: the head and the tail share one block, which nobody else refers to.
         let block = self.head.end.block.load(Ordering::Relaxed);
         // SAFETY: allocated by `Block::alloc`, live (`pop` never gives up the head's block),
