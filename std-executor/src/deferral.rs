@@ -137,6 +137,13 @@ impl<K> Deferrals<K> {
         self.len.store(list.len(), Ordering::Relaxed);
     }
 
+    /// Whether the lane lists no deferral. Only the lane's owner changes the list (a thief
+    /// inserts once its steal made it the owner), so to the owner this is exact.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Relaxed) == 0
+    }
+
     /// The owner, for a popped item of key hash `hash`: puts it into its hash's open deferral
     /// and returns `None`, or returns it to be routed. Costs one load while nothing is deferred.
     #[inline]

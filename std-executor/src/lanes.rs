@@ -317,6 +317,7 @@ impl Tracked {
     /// deferral's runner, see `route.rs`) before it makes the key's state, and either that is
     /// this thread or its raise happened before this read (lane ownership or a deferral's lock
     /// passes from one to the other): never a stale 0 while a key of the lane is tracked.
+    #[inline]
     pub(crate) fn any(&self, lane: usize) -> bool {
         self.counts[lane].load(Ordering::Relaxed) != 0
     }

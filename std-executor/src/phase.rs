@@ -29,6 +29,22 @@
 //! `shutdown_now` waits for `BUSY` to end as above. So each queued task is handed back by exactly
 //! one of them, and none is both run and handed back. The `RUNNING` transition is a release and
 //! the stealing CAS an acquire: the thief sees the chain's queue as the worker left it.
+//!
+//! # Runs of lane tasks
+//!
+//! A worker that runs several tasks in a row straight from a lane it owns (`worker.rs`, "Runs
+//! of direct tasks") enters `RUNNING` once for the run, not once per task, and between two tasks
+//! of the run does only this: loads the word ([`Phase::stop_requested`]), pops its own lane and
+//! moves that lane's word (`core::lane`: `begin`, `end`). It touches no chain, ready queue or
+//! deferral while `RUNNING`, and keeps `current` at 0, so what `shutdown_now` may take from a
+//! `RUNNING` worker is unchanged: nothing of a chain. The lane is taken through its own word,
+//! which `shutdown_now` acquires once the owner releases it or steals while the owner is inside
+//! a task (its `end` then reports the steal). A worker that finds `STOP` between two tasks, or
+//! pops an item that needs routing, leaves `RUNNING` first, and on `STOP` hands back the item it
+//! holds and its lane, as after a single task. A `STOP` set just after the load lets the worker
+//! start one more task: it starts before `shutdown_now` takes the lane (which needs the lane's
+//! word out of `OWNED`), so that task is run and not handed back, and nothing is both.
+//! Loom model: `loom/tests/phase.rs`, the run model.
 
 use crate::sync::{AtomicU8, Ordering};
 
@@ -87,6 +103,14 @@ impl Phase {
         self.0
             .compare_exchange(BUSY, RUNNING, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
+    }
+
+    /// Worker, between two tasks of one run (`RUNNING` held from one to the next, see "Runs of
+    /// lane tasks"): whether `shutdown_now` has stopped it. A load; on `true` the worker leaves
+    /// `RUNNING` ([`Phase::leave_running`]) and does what it reports.
+    #[inline]
+    pub fn stop_requested(&self) -> bool {
+        self.0.load(Ordering::Relaxed) & STOP != 0
     }
 
     /// `true` while the worker is inside a task (`RUNNING`, stolen or not). Meaningful to the

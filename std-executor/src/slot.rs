@@ -20,6 +20,7 @@ pub(crate) struct Counters {
 
 impl Counters {
     /// Single-writer increment: a load and a store, no RMW on the hot path.
+    #[inline]
     pub(crate) fn bump(c: &AtomicU64) {
         c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
     }

@@ -24,6 +24,17 @@
 //! a push each, the owner reaches the other keys' items at once, and the hot key's chain runs from
 //! the ready queues under the fairness budget like any chain.
 //!
+//! # Runs of direct tasks
+//!
+//! Most items a lane's owner pops run as they are: no deferral in the lane, a plain task, no
+//! tracked key in the lane (`route.rs` would return them `Direct` without looking anything up).
+//! A row of such items runs under one `RUNNING` section of the slot's phase word: the owner
+//! enters `RUNNING` before the first, and between two of them only loads the word for `STOP`,
+//! pops the lane and moves the lane's own word (`begin`, `end`); it leaves `RUNNING` before it
+//! routes an item that needs routing, releases the lane, or stops (`phase.rs`, "Runs of lane
+//! tasks", says why `shutdown_now` stays exact). Per task that leaves one locked instruction, the
+//! lane word's `end`, where each task used to pay two more for the phase word.
+//!
 //! # Finding work
 //!
 //! Outside submitters (and chains yielding after their fairness budget) put a runnable on the
@@ -547,7 +558,8 @@ where
     }
 
     /// Serves lane `l`, which this worker owns: pops and routes its items until the lane is
-    /// empty, the budget is spent, or the lane is taken while a task runs.
+    /// empty, the budget is spent, or the lane is taken while a task runs. Items that run
+    /// directly without routing run under one `RUNNING` section (see "Runs of direct tasks").
     fn serve(&mut self, l: usize) -> After {
         let sh = self.shared;
         let lane = sh.lanes.get(l);
@@ -560,27 +572,62 @@ where
         let (mut ran, mut routed) = (0, 0);
         // The key hash of the last task run here, and how many ran in a row.
         let mut streak = (0u64, 0usize);
+        // Whether the slot is `RUNNING` from the last task to the next (a run is open).
+        let mut in_run = false;
         loop {
             if ran >= budget || routed >= route_budget {
+                if in_run && self.end_run() {
+                    return self.stop_holding_lane(l, None);
+                }
                 lane.word.release(self.index);
                 self.turn = self.turn.wrapping_add(1);
                 return After::Continue;
             }
             // SAFETY: this worker owns the lane (it acquired it and has not released it).
             let Some(item) = (unsafe { lane.pop() }) else {
+                if std::mem::take(&mut in_run) && self.end_run() {
+                    return self.stop_holding_lane(l, None);
+                }
                 if lane.release_or_keep(self.index) {
                     continue;
                 }
                 return After::Continue;
             };
             let hash = item.hash;
+            // A key that ran `fairness_budget` tasks in a row while others wait in the lane
+            // moves onto its chain (see "Fairness in a lane").
+            let hot = streak.0 == hash && streak.1 >= fair && !lane.queue.is_empty();
+            let next_streak = if streak.0 == hash {
+                (hash, streak.1 + 1)
+            } else {
+                (hash, 1)
+            };
+            if !hot && self.runs_directly(l, &item) {
+                ran += 1;
+                streak = next_streak;
+                if !in_run {
+                    self.slot.current.store(0, Ordering::Relaxed);
+                    if !self.slot.phase.enter_running() {
+                        return self.stop_holding_lane(l, Some(item));
+                    }
+                    in_run = true;
+                } else if self.slot.phase.stop_requested() {
+                    self.slot.phase.leave_running();
+                    return self.stop_holding_lane(l, Some(item));
+                }
+                match self.run_in_run(l, item, hash) {
+                    Direct::Continue => continue,
+                    Direct::LaneLost => return After::Continue,
+                    Direct::Exit => return After::Exit,
+                }
+            }
+            if std::mem::take(&mut in_run) && self.end_run() {
+                return self.stop_holding_lane(l, Some(item));
+            }
             let Some(item) = lane.deferrals.divert(item, hash) else {
                 routed += 1;
                 continue;
             };
-            // A key that ran `fairness_budget` tasks in a row while others wait in the lane
-            // moves onto its chain (see "Fairness in a lane").
-            let hot = streak.0 == hash && streak.1 >= fair && !lane.queue.is_empty();
             let local = self.owned.as_ref().map(|o| &o.deque);
             let item = match route(sh, item, hash, local, hot) {
                 Route::Direct(item) => item,
@@ -590,15 +637,65 @@ where
                 }
             };
             ran += 1;
-            streak = if streak.0 == hash {
-                (hash, streak.1 + 1)
-            } else {
-                (hash, 1)
-            };
+            streak = next_streak;
             match self.run_direct(Some(l), item, hash) {
                 Direct::Continue => {}
                 Direct::LaneLost => return After::Continue,
                 Direct::Exit => return After::Exit,
+            }
+        }
+    }
+
+    /// Whether the item popped from lane `l` runs as it is, with nothing to look up: no
+    /// deferral in the lane, a plain task, no tracked key in the lane (`route.rs` would send it
+    /// `Direct` without touching anything).
+    #[inline]
+    fn runs_directly(&self, l: usize, item: &Item<K>) -> bool {
+        let lanes = &self.shared.lanes;
+        lanes.get(l).deferrals.is_empty()
+            && item.task.kind() == Kind::Plain
+            && !lanes.tracked.any(l)
+    }
+
+    /// Leaves the `RUNNING` section of a run; `true` if `shutdown_now` stopped the worker
+    /// meanwhile (it then hands back what it holds).
+    fn end_run(&self) -> bool {
+        self.slot.phase.leave_running() != AfterTask::Continue
+    }
+
+    /// `shutdown_now` stopped the worker while it owns lane `l` (`OWNED`) and perhaps holds an
+    /// item popped from it: hands both back and exits.
+    fn stop_holding_lane(&self, l: usize, item: Option<Item<K>>) -> After {
+        if let Some(item) = item {
+            self.hand_back_items(vec![item]);
+        }
+        self.hand_back_lane(l);
+        After::Exit
+    }
+
+    /// Runs a task popped from lane `l` inside the open run (the slot is `RUNNING`); leaves the
+    /// run open unless the lane was taken while the task ran.
+    fn run_in_run(&mut self, l: usize, item: Item<K>, hash: u64) -> Direct {
+        let sh = self.shared;
+        let word = &sh.lanes.get(l).word;
+        let Item { key, task, .. } = item;
+        #[cfg(debug_assertions)]
+        self.slot
+            .direct_key
+            .store(&key as *const K as usize, Ordering::Relaxed);
+        self.release_capacity();
+        self.bump(|c| &c.started);
+        let run = word.begin(self.index, hash as usize);
+        task.run(&|panicked| self.finish_task(panicked));
+        let ended = word.end(run, &sh.mailboxes[self.index]);
+        #[cfg(debug_assertions)]
+        self.slot.direct_key.store(0, Ordering::Relaxed);
+        drop(key);
+        match ended {
+            Ended::Kept => Direct::Continue,
+            Ended::Stolen(p) => {
+                let after = self.slot.phase.leave_running();
+                self.after_steal(p, after)
             }
         }
     }
@@ -642,19 +739,7 @@ where
         drop(key);
         let after = self.slot.phase.leave_running();
         match ended {
-            Some(Ended::Stolen(p)) if p == Deferral::stop_sentinel() => Direct::Exit,
-            Some(Ended::Stolen(p)) => {
-                // SAFETY: a thief made `p` with `Arc::into_raw` and handed us that count.
-                let d = unsafe { std::sync::Arc::from_raw(p.as_ptr().cast_const()) };
-                if after != AfterTask::Continue {
-                    // Stopped: the deferral's items are handed back with the lane's.
-                    return Direct::Exit;
-                }
-                if self.run_deferral(&d) {
-                    return Direct::Exit;
-                }
-                Direct::LaneLost
-            }
+            Some(Ended::Stolen(p)) => self.after_steal(p, after),
             Some(Ended::Kept) if after != AfterTask::Continue => {
                 self.hand_back_lane(lane.expect("a lane run"));
                 Direct::Exit
@@ -662,6 +747,25 @@ where
             _ if after != AfterTask::Continue => Direct::Exit,
             _ => Direct::Continue,
         }
+    }
+
+    /// The lane was taken while a task ran (`p`: what the thief offered) and the slot has left
+    /// `RUNNING` (`after`): runs the deferral the thief built, unless `shutdown_now` took the lane
+    /// or stopped the worker.
+    fn after_steal(&mut self, p: NonNull<Deferral<K>>, after: AfterTask) -> Direct {
+        if p == Deferral::stop_sentinel() {
+            return Direct::Exit;
+        }
+        // SAFETY: a thief made `p` with `Arc::into_raw` and handed us that count.
+        let d = unsafe { std::sync::Arc::from_raw(p.as_ptr().cast_const()) };
+        if after != AfterTask::Continue {
+            // Stopped: the deferral's items are handed back with the lane's.
+            return Direct::Exit;
+        }
+        if self.run_deferral(&d) {
+            return Direct::Exit;
+        }
+        Direct::LaneLost
     }
 
     /// Runs a deferral collected after a steal (`deferral.rs`): routes its items in order until

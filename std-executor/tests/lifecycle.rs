@@ -168,6 +168,50 @@ fn shutdown_now_from_another_thread_during_a_storm_loses_nothing() {
     }
 }
 
+/// Runs of tasks straight from a lane (one `RUNNING` section for many tasks) stop mid-run
+/// under `shutdown_now`: per key, what ran is a prefix of what was submitted and what came back
+/// is the rest, in order, nothing both.
+#[test]
+fn shutdown_now_mid_run_hands_back_each_key_s_suffix_in_order() {
+    const KEYS: u32 = 64;
+    const PER_KEY: u32 = 400;
+    for round in 0..10u32 {
+        let s = Builder::<u32>::new().workers(2).build().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        for i in 0..PER_KEY {
+            for k in 0..KEYS {
+                let log = log.clone();
+                s.execute(k, move || {
+                    log.lock().unwrap().push((k, i));
+                    if i % 50 == 0 {
+                        std::thread::sleep(Duration::from_micros(20));
+                    }
+                })
+                .unwrap();
+            }
+        }
+        std::thread::sleep(Duration::from_micros(300 * u64::from(round % 4)));
+        let pending = s.shutdown_now();
+        assert!(s.await_termination(Duration::from_secs(10)));
+        let ran = std::mem::take(&mut *log.lock().unwrap());
+        for p in pending {
+            p.run();
+        }
+        let handed = std::mem::take(&mut *log.lock().unwrap());
+        for k in 0..KEYS {
+            let r: Vec<u32> = ran.iter().filter(|e| e.0 == k).map(|e| e.1).collect();
+            let h: Vec<u32> = handed.iter().filter(|e| e.0 == k).map(|e| e.1).collect();
+            let expected: Vec<u32> = (0..PER_KEY).collect();
+            assert_eq!(
+                [r.clone(), h].concat(),
+                expected,
+                "round {round}, key {k}: ran {} then handed back the rest, in order",
+                r.len()
+            );
+        }
+    }
+}
+
 /// Keys hold state (an entry in the key table, counted in `active_keys`) only while they need
 /// it: a permit-gated task makes its key's state (its chain parks there), plain tasks of a key
 /// with no state run straight from their lane and make none.
