@@ -16,6 +16,12 @@
 //! - an owner that finds the deferral of an item's hash closed removes it from the lane's list
 //!   and routes the item itself (and sweeps out other closed ones).
 //!
+//! The owner looks at the list only for an item whose bit is set in a one-word summary of the
+//! listed hashes (`hash % 64`), which only the owner writes, under the list's lock, whenever the
+//! list changes: an item whose bit is clear has no deferral listed, open or closed, and is routed
+//! at once. Closed deferrals are swept when an item of a set bit comes (1 in 64 hashes) or at
+//! `shutdown_now`.
+//!
 //! Every step is under the deferral's lock, so an item is appended either before the close (and
 //! the runner takes it) or after (and the owner routes it): never both, never lost. A key of hash
 //! `h` is routed by exactly one party at a time, the runner while the deferral is open and the
@@ -31,7 +37,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::lane_task::Item;
-use crate::sync::{lock, AtomicUsize, Mutex, Ordering};
+use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
 /// One deferred key hash's items (see the module docs).
 pub(crate) struct Deferral<K> {
@@ -118,15 +124,29 @@ impl<K> Next<'_, K> {
 /// A lane's open deferrals; touched only by the lane's owner.
 pub(crate) struct Deferrals<K> {
     list: Mutex<Vec<Arc<Deferral<K>>>>,
-    /// `list.len()`, read without the lock on every pop (by the owner, who alone writes it).
-    len: AtomicUsize,
+    /// A one-word summary of `list`: bit `hash % 64` of every listed deferral's hash, read
+    /// without the lock on every pop (by the owner, who alone writes it). An item whose bit is
+    /// clear has no deferral, so a stuck key's deferral slows down only its own items (and the
+    /// 1 in 64 hashes sharing its bit), not every item of the lane.
+    filter: AtomicU64,
+}
+
+/// `hash`'s bit in [`Deferrals`]' summary.
+#[inline]
+fn bit(hash: usize) -> u64 {
+    1 << (hash % 64)
+}
+
+/// The summary of `list`.
+fn summary<K>(list: &[Arc<Deferral<K>>]) -> u64 {
+    list.iter().fold(0, |m, d| m | bit(d.hash))
 }
 
 impl<K> Deferrals<K> {
     pub(crate) fn new() -> Self {
         Deferrals {
             list: Mutex::new(Vec::new()),
-            len: AtomicUsize::new(0),
+            filter: AtomicU64::new(0),
         }
     }
 
@@ -134,21 +154,23 @@ impl<K> Deferrals<K> {
     pub(crate) fn insert(&self, d: Arc<Deferral<K>>) {
         let mut list = lock(&self.list);
         list.push(d);
-        self.len.store(list.len(), Ordering::Relaxed);
+        self.filter.store(summary(&list), Ordering::Relaxed);
     }
 
-    /// Whether the lane lists no deferral. Only the lane's owner changes the list (a thief
-    /// inserts once its steal made it the owner), so to the owner this is exact.
+    /// Whether an item of key hash `hash` certainly has no deferral to go to (`divert` would
+    /// hand it straight back). Only the lane's owner changes the list (a thief inserts once its
+    /// steal made it the owner), so to the owner this is exact.
     #[inline]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len.load(Ordering::Relaxed) == 0
+    pub(crate) fn passes(&self, hash: u64) -> bool {
+        self.filter.load(Ordering::Relaxed) & bit(hash as usize) == 0
     }
 
     /// The owner, for a popped item of key hash `hash`: puts it into its hash's open deferral
-    /// and returns `None`, or returns it to be routed. Costs one load while nothing is deferred.
+    /// and returns `None`, or returns it to be routed. Costs one load unless a deferral is
+    /// listed for the hash (or one sharing its bit in the summary).
     #[inline]
     pub(crate) fn divert(&self, item: Item<K>, hash: u64) -> Option<Item<K>> {
-        if self.len.load(Ordering::Relaxed) == 0 {
+        if self.passes(hash) {
             return Some(item);
         }
         self.divert_slow(item, hash)
@@ -173,7 +195,7 @@ impl<K> Deferrals<K> {
             // Not deferred: forget the deferrals whose runner is done.
             list.retain(|d| d.is_open());
         }
-        self.len.store(list.len(), Ordering::Relaxed);
+        self.filter.store(summary(&list), Ordering::Relaxed);
         item
     }
 
@@ -182,7 +204,7 @@ impl<K> Deferrals<K> {
         let mut list = lock(&self.list);
         let items = list.iter().flat_map(|d| d.take_all()).collect();
         list.clear();
-        self.len.store(0, Ordering::Relaxed);
+        self.filter.store(0, Ordering::Relaxed);
         items
     }
 }
@@ -234,5 +256,51 @@ pub mod loom_hooks {
     /// What a stopped owner hands back of the lane's deferrals.
     pub fn take_all(list: &List) -> Vec<u32> {
         list.0.take_all().into_iter().map(|i| i.key).collect()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::lane_task::LaneTask;
+
+    fn item(key: u32, hash: u64) -> Item<u32> {
+        Item {
+            key,
+            hash,
+            task: LaneTask::execute(|| ()),
+        }
+    }
+
+    #[test]
+    fn the_summary_lets_other_keys_pass_and_sweeps_a_closed_deferral() {
+        let list: Deferrals<u32> = Deferrals::new();
+        assert!(list.passes(5));
+        let d = Deferral::new(5);
+        list.insert(d.clone());
+        // Only hash 5's bit is set: 6 passes without the lock; 5 and 69 (same bit) do not.
+        assert!(list.passes(6));
+        assert!(!list.passes(5) && !list.passes(69));
+        assert!(list.divert(item(1, 5), 5).is_none(), "5 is deferred");
+        let back = list
+            .divert(item(2, 69), 69)
+            .expect("69 shares the bit, not the deferral");
+        assert_eq!(back.key, 2);
+        // The runner drains and closes the deferral; the next item of the bit sweeps it.
+        let mut next = d.lock();
+        assert_eq!(next.pop_front().map(|i| i.key), Some(1));
+        assert!(next.pop_front().is_none());
+        next.close();
+        drop(next);
+        assert!(
+            !list.passes(5),
+            "a closed deferral stays listed until swept"
+        );
+        assert!(
+            list.divert(item(3, 5), 5).is_some(),
+            "closed: the owner routes it"
+        );
+        assert!(list.passes(5) && list.passes(69), "swept");
+        assert!(list.take_all().is_empty());
     }
 }

@@ -26,7 +26,7 @@
 //!
 //! # Runs of direct tasks
 //!
-//! Most items a lane's owner pops run as they are: no deferral in the lane, a plain task, no
+//! Most items a lane's owner pops run as they are: no deferral for their key, a plain task, no
 //! tracked key in the lane (`route.rs` would return them `Direct` without looking anything up).
 //! A row of such items runs under one `RUNNING` section of the slot's phase word: the owner
 //! enters `RUNNING` before the first, and between two of them only loads the word for `STOP`,
@@ -647,12 +647,12 @@ where
     }
 
     /// Whether the item popped from lane `l` runs as it is, with nothing to look up: no
-    /// deferral in the lane, a plain task, no tracked key in the lane (`route.rs` would send it
+    /// deferral for its key, a plain task, no tracked key in the lane (`route.rs` would send it
     /// `Direct` without touching anything).
     #[inline]
     fn runs_directly(&self, l: usize, item: &Item<K>) -> bool {
         let lanes = &self.shared.lanes;
-        lanes.get(l).deferrals.is_empty()
+        lanes.get(l).deferrals.passes(item.hash)
             && item.task.kind() == Kind::Plain
             && !lanes.tracked.any(l)
     }
