@@ -666,10 +666,7 @@ where
     /// `shutdown_now` stopped the worker while it owns lane `l` (`OWNED`) and perhaps holds an
     /// item popped from it: hands both back and exits.
     fn stop_holding_lane(&self, l: usize, item: Option<Item<K>>) -> After {
-        if let Some(item) = item {
-            self.hand_back_items(vec![item]);
-        }
-        self.hand_back_lane(l);
+        self.hand_back_lane_with(l, item);
         After::Exit
     }
 
@@ -705,9 +702,9 @@ where
     fn run_direct(&mut self, lane: Option<usize>, item: Item<K>, hash: u64) -> Direct {
         self.slot.current.store(0, Ordering::Relaxed);
         if !self.slot.phase.enter_running() {
-            self.hand_back_items(vec![item]);
-            if let Some(l) = lane {
-                self.hand_back_lane(l);
+            match lane {
+                Some(l) => self.hand_back_lane_with(l, Some(item)),
+                None => self.hand_back_items(vec![item]),
             }
             return Direct::Exit;
         }
@@ -871,10 +868,19 @@ where
 
     /// `shutdown_now`: hands back lane `l`'s deferred and queued items, then releases it.
     fn hand_back_lane(&self, l: usize) {
+        self.hand_back_lane_with(l, None);
+    }
+
+    /// `hand_back_lane`, with `held`, an item this worker popped from the lane and did not
+    /// route, put back where it was: after the deferred items (popped before it; a deferral of
+    /// its own key holds that key's earlier items) and before the queued ones.
+    fn hand_back_lane_with(&self, l: usize, held: Option<Item<K>>) {
         let lane = self.shared.lanes.get(l);
         let mut items = lane.deferrals.take_all();
-        // SAFETY: this worker owns lane `l`: both callers pass the lane they hold (a lane whose
-        // task ended `Kept`, or the lane `run_direct` was called for).
+        items.extend(held);
+        // SAFETY: this worker owns lane `l`: every caller passes the lane it holds (a lane
+        // whose task ended `Kept`, the lane `run_direct` was called for, or the lane `serve`
+        // pops).
         while let Some(item) = unsafe { lane.pop() } {
             items.push(item);
         }
