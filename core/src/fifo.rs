@@ -58,7 +58,7 @@
 //!     gap) installs the next block (a spare taken after its CAS, or, if it saw no spare, one
 //!     it allocated before its CAS; see "Spare blocks"): it stores the tail block
 //!     (Release), then moves the position past the gap to the next lap's offset 0 (Release;
-//!     nobody else writes the position while it is at the gap), then links `next` from the old
+//!     nobody else moves the position while it is at the gap), then links `next` from the old
 //!     block (Release). Only then does it write its own slot.
 //!   - Writing the slot: the item (built only now by [`Fifo::push_with`]'s `make`, which must
 //!     not unwind: the popper waits for the slot, so an unwinding `make` aborts), then
@@ -68,6 +68,13 @@
 //!   position enters its lap, so a pusher that read position `p` (Acquire) reads that lap's
 //!   block or a later one; a later one means the position moved on, and then its CAS from `p`
 //!   fails. Positions only grow, so a successful CAS from `p` proves the block it read is `p`'s.
+//! - **Close** (any thread, [`Fifo::close`]): `fetch_or` of the position's top bit
+//!   (`SeqCst`). A pusher that reads the bit refuses and hands its item back unbuilt
+//!   ([`Fifo::try_push_with`]); a reserving CAS from a position without the bit fails once the
+//!   bit is set, so every reservation is either before the close in the position's
+//!   modification order (its item is in the FIFO) or refused. The installer moves the position
+//!   past the gap with an add, not a store, so a close that lands while the position is at the
+//!   gap is kept. Everything that compares positions masks the bit off.
 //! - **Pop** (only the popper, [`Fifo::pop`] is `unsafe` for that). Compare the head position
 //!   with the tail's: equal means empty. The popper compares with the tail it read last
 //!   (`tail_seen`, its own), and reads the tail again (Acquire) only when the head has caught up
@@ -130,6 +137,10 @@ pub const STOCK: usize = 0;
 
 /// Positions per block: the slots and the gap.
 const LAP: usize = BLOCK + 1;
+
+/// The tail position's top bit: set by [`Fifo::close`], never cleared. Positions stay below it
+/// (2^63 pushes on 64-bit targets; 2^31 on 32-bit ones, where a FIFO must be dropped first).
+const CLOSED: usize = 1 << (usize::BITS - 1);
 
 struct Slot<T> {
     /// `p + 1` once the item of position `p` is written (0 in a new block).
@@ -275,6 +286,11 @@ impl<T> Fifo<T> {
     /// q.push("a");
     /// assert_eq!(q.len(), 1);
     /// ```
+    ///
+    /// # Panics
+    ///
+    /// If the FIFO was closed ([`Fifo::close`]); [`Fifo::try_push_with`] hands the item back
+    /// instead.
     pub fn push(&self, value: T) {
         self.push_with(move || value);
     }
@@ -291,9 +307,34 @@ impl<T> Fifo<T> {
     /// // SAFETY: the only popper.
     /// assert_eq!(unsafe { q.pop() }, Some([7; 4]));
     /// ```
+    ///
+    /// # Panics
+    ///
+    /// If the FIFO was closed ([`Fifo::close`]), without calling `make`.
     #[inline]
     pub fn push_with(&self, make: impl FnOnce() -> T) {
-        let (slot, stamp) = self.reserve();
+        if self.try_push_with(make).is_err() {
+            panic!("push onto a closed Fifo");
+        }
+    }
+
+    /// [`push_with`](Self::push_with), or, once the FIFO is closed ([`Fifo::close`]), `make`
+    /// handed back uncalled. A push whose slot was reserved before the close is in the FIFO.
+    ///
+    /// ```
+    /// let q = keyserial_core::fifo::Fifo::new();
+    /// assert!(q.try_push_with(|| 1).is_ok());
+    /// q.close();
+    /// let back = q.try_push_with(|| 2).err().expect("closed");
+    /// assert_eq!(back(), 2);
+    /// // SAFETY: the only popper.
+    /// assert_eq!(unsafe { q.pop() }, Some(1));
+    /// ```
+    #[inline]
+    pub fn try_push_with<F: FnOnce() -> T>(&self, make: F) -> Result<(), F> {
+        let Some((slot, stamp)) = self.reserve() else {
+            return Err(make);
+        };
         let bomb = AbortOnUnwind;
         let value = make();
         core::mem::forget(bomb);
@@ -303,17 +344,55 @@ impl<T> Fifo<T> {
             unsafe { (*p).write(value) };
         });
         slot.stamp.store(stamp, Ordering::Release);
+        Ok(())
     }
 
-    /// Reserves the next slot (see "Protocol"): returns it and the stamp that marks it written.
-    /// Lock-free except that a pusher waits while another one, which took a block's last slot,
-    /// installs the next block (two stores).
-    fn reserve(&self) -> (&Slot<T>, usize) {
+    /// Closes the FIFO to pushes (any thread; idempotent): every push whose reservation comes
+    /// after this in the tail's modification order is refused. Pops go on.
+    ///
+    /// ```
+    /// let q: keyserial_core::fifo::Fifo<u8> = keyserial_core::fifo::Fifo::new();
+    /// q.close();
+    /// assert!(q.is_closed() && q.try_push_with(|| 1).is_err());
+    /// ```
+    pub fn close(&self) {
+        self.tail.end.index.fetch_or(CLOSED, Ordering::SeqCst);
+    }
+
+    /// Whether [`close`](Self::close) was called (a snapshot).
+    pub fn is_closed(&self) -> bool {
+        self.tail.end.index.load(Ordering::SeqCst) & CLOSED != 0
+    }
+
+    /// How many items were ever pushed (reserved, counting pushes still writing): a snapshot.
+    ///
+    /// ```
+    /// let q = keyserial_core::fifo::Fifo::new();
+    /// (0..100).for_each(|i| q.push(i));
+    /// // SAFETY: the only popper.
+    /// unsafe { q.pop() };
+    /// assert_eq!(q.pushed(), 100);
+    /// ```
+    pub fn pushed(&self) -> usize {
+        slots_before(self.tail.end.index.load(Ordering::Acquire) & !CLOSED)
+    }
+
+    /// Reserves the next slot (see "Protocol"): returns it and the stamp that marks it written,
+    /// or `None` once the FIFO is closed. Lock-free except that a pusher waits while another
+    /// one, which took a block's last slot, installs the next block (two stores).
+    fn reserve(&self) -> Option<(&Slot<T>, usize)> {
         let backoff = Backoff::new();
         let mut tail = self.tail.end.index.load(Ordering::Acquire);
         let mut block = self.tail.end.block.load(Ordering::Acquire);
         let mut next: *mut Block<T> = ptr::null_mut();
         loop {
+            if tail & CLOSED != 0 {
+                if !next.is_null() {
+                    // SAFETY: allocated below for a last slot we did not get; never published.
+                    unsafe { self.give_block(next) };
+                }
+                return None;
+            }
             let offset = tail % LAP;
             if offset == BLOCK {
                 // The next block is being installed.
@@ -344,7 +423,9 @@ impl<T> Fifo<T> {
                             core::mem::replace(&mut next, ptr::null_mut())
                         };
                         self.tail.end.block.store(new, Ordering::Release);
-                        self.tail.end.index.store(tail + 2, Ordering::Release);
+                        // Past the gap. Nobody else moves the position while it is at the gap,
+                        // but `close` may set its top bit: an add keeps it.
+                        self.tail.end.index.fetch_add(1, Ordering::Release);
                         // SAFETY: our CAS from `tail` succeeded, so `block` is `tail`'s block
                         // (module docs), and it is not given up before the popper reads our slot,
                         // which we have not written yet.
@@ -363,7 +444,7 @@ impl<T> Fifo<T> {
                     // SAFETY: as above, `block` is live until the popper has read slot
                     // `offset`, which is ours alone: the CAS reserved it, and the popper reads
                     // it only after its stamp.
-                    return (unsafe { &(*block).slots[offset] }, tail + 1);
+                    return Some((unsafe { &(*block).slots[offset] }, tail + 1));
                 }
                 Err(t) => {
                     tail = t;
@@ -478,7 +559,7 @@ impl<T> Fifo<T> {
         let head = self.head.end.index.load(Ordering::Relaxed);
         // (`>=`: a tail read at a block's gap is one position behind the head that skipped it.)
         if head >= self.head.tail_seen.load(Ordering::Relaxed) {
-            let tail = self.tail.end.index.load(Ordering::Acquire);
+            let tail = self.tail.end.index.load(Ordering::Acquire) & !CLOSED;
             if head == tail {
                 return None;
             }
@@ -530,7 +611,7 @@ impl<T> Fifo<T> {
     /// ```
     pub fn is_empty(&self) -> bool {
         let head = self.head.end.index.load(Ordering::SeqCst);
-        head == self.tail.end.index.load(Ordering::SeqCst)
+        head == self.tail.end.index.load(Ordering::SeqCst) & !CLOSED
     }
 
     /// How many items it holds: a snapshot (any thread).
@@ -542,7 +623,7 @@ impl<T> Fifo<T> {
     /// ```
     pub fn len(&self) -> usize {
         let head = self.head.end.index.load(Ordering::SeqCst);
-        let tail = self.tail.end.index.load(Ordering::SeqCst);
+        let tail = self.tail.end.index.load(Ordering::SeqCst) & !CLOSED;
         slots_before(tail).saturating_sub(slots_before(head))
     }
 }

@@ -30,6 +30,10 @@
 //!   the second the checker is the popper itself, which first pops until `pop` returns `None`
 //!   (what the lane's owner does before it releases the lane), so the push races a pop of a
 //!   block's last slot.
+//! - [`close_races_two_pushers_across_a_block_install`] and
+//!   [`a_popper_that_saw_the_close_misses_no_accepted_push`]: `Fifo::close` against pushers
+//!   (one of them installing the next block while the position is at the gap) and against a
+//!   popper that leaves once it saw the close and an empty FIFO (the executor's shutdown rule).
 //! - [`items_left_at_drop_are_dropped_once`]: pushers A and B push two items each, B then pops
 //!   one, and the FIFO is dropped by whichever thread lets go of it last (A, B or the main one).
 //!   Every item is dropped exactly once (per-item std counters): by the popper, or by `Fifo`'s
@@ -93,7 +97,7 @@ use std::sync::Arc as StdArc;
 
 use keyserial_core::fifo::{Fifo, BLOCK};
 use loom::cell::UnsafeCell;
-use loom::sync::atomic::{fence, AtomicBool, Ordering};
+use loom::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -763,5 +767,145 @@ fn items_left_at_drop_are_dropped_once() {
             "B dropped the FIFO",
             "the main thread dropped the FIFO (A and B were done first)",
         ],
+    );
+}
+
+/// [`close_races_two_pushers_across_a_block_install`]: pushes `(pusher, index)` with
+/// `try_push_with`, stopping at the first refusal; returns how many were accepted. A refused
+/// `make` must never be called (`built` counts the calls).
+fn push_until_refused(
+    q: &Fifo<(usize, usize)>,
+    pusher: usize,
+    n: usize,
+    built: &AtomicUsize,
+) -> usize {
+    for i in 0..n {
+        let make = || {
+            built.fetch_add(1, Ordering::Relaxed);
+            (pusher, i)
+        };
+        if q.try_push_with(make).is_err() {
+            return i;
+        }
+    }
+    n
+}
+
+/// `close` against two pushers: A pushes two items (the second takes the first block's last
+/// slot, so A installs the next block while the position sits at the gap, where the close may
+/// land), B one (maybe waiting at the gap for A's install). After the joins the main thread pops
+/// everything. Every accepted push is popped exactly once, in its pusher's order; every refused
+/// one had its `make` never called; a pusher refused once is refused after (the close is for
+/// good); the close leaves the FIFO closed and its blocks are all freed. Outcomes: how many of the
+/// three pushes were accepted (0 to 3), and B refused while A got both.
+#[test]
+fn close_races_two_pushers_across_a_block_install() {
+    static OUTCOMES: [StdAtomicUsize; 5] = counters!(5);
+    builder().check(|| {
+        let blocks = Blocks::start();
+        let q = blocks.fifo();
+        let built = Arc::new(AtomicUsize::new(0));
+        let a = {
+            let (q, built) = (q.clone(), built.clone());
+            thread::spawn(move || push_until_refused(&q, 0, 2, &built))
+        };
+        let b = {
+            let (q, built) = (q.clone(), built.clone());
+            thread::spawn(move || push_until_refused(&q, 1, 1, &built))
+        };
+        q.close();
+        let accepted = [a.join().unwrap(), b.join().unwrap()];
+        assert!(q.is_closed());
+        assert!(
+            q.try_push_with(|| (2, 0)).is_err(),
+            "a push after the close"
+        );
+        let total = accepted[0] + accepted[1];
+        assert_eq!(
+            built.load(Ordering::Relaxed),
+            total,
+            "a refused make was called"
+        );
+        assert_eq!(q.pushed(), total);
+        // SAFETY: every other thread is joined; this one is the only popper.
+        let (got, _) = unsafe { pop_n(&q, total) };
+        assert_per_pusher_order(&got, accepted);
+        // SAFETY: as above.
+        unsafe { assert_empty(&q) };
+        drop(q);
+        blocks.assert_freed();
+        count(&OUTCOMES, total);
+        if accepted == [2, 0] {
+            count(&OUTCOMES, 4);
+        }
+    });
+    assert_all_reached(
+        &OUTCOMES,
+        &[
+            "all three refused",
+            "one accepted",
+            "two accepted",
+            "all three accepted",
+            "A got both (across the install), B refused",
+        ],
+    );
+}
+
+/// The executor's shutdown rule (`serializer.rs`, "Admission"): the closer closes the FIFO and
+/// then raises a flag (Release); a popper that finds the FIFO empty leaves only once it has seen
+/// the flag (Acquire) and then found the FIFO empty again. A pusher pushes one item. An
+/// accepted push is popped before the popper leaves: a reservation before the close in the tail's
+/// modification order is in the tail value the popper reads after the flag (the install across a
+/// block's gap is `close_races_two_pushers_across_a_block_install`'s). The popper is spawned last
+/// (it only loads the tail). Outcomes: refused, accepted.
+#[test]
+fn a_popper_that_saw_the_close_misses_no_accepted_push() {
+    static OUTCOMES: [StdAtomicUsize; 2] = counters!(2);
+    builder().check(|| {
+        let blocks = Blocks::start();
+        let q = blocks.fifo();
+        let closed = Arc::new(AtomicBool::new(false));
+        let built = Arc::new(AtomicUsize::new(0));
+        let pusher = {
+            let (q, built) = (q.clone(), built.clone());
+            thread::spawn(move || push_until_refused(&q, 0, 1, &built))
+        };
+        let closer = {
+            let (q, closed) = (q.clone(), closed.clone());
+            thread::spawn(move || {
+                q.close();
+                closed.store(true, Ordering::Release);
+            })
+        };
+        let popper = {
+            let (q, closed) = (q.clone(), closed.clone());
+            thread::spawn(move || {
+                let mut got = Vec::new();
+                loop {
+                    // SAFETY: this thread is the only popper.
+                    if let Some(item) = unsafe { q.pop() } {
+                        got.push(item);
+                    } else if closed.load(Ordering::Acquire) {
+                        if q.is_empty() {
+                            return got;
+                        }
+                    } else {
+                        thread::yield_now();
+                    }
+                }
+            })
+        };
+        let accepted = pusher.join().unwrap();
+        closer.join().unwrap();
+        let got = popper.join().unwrap();
+        assert_per_pusher_order(&got, [accepted, 0]);
+        assert_eq!(built.load(Ordering::Relaxed), accepted);
+        drop(q);
+        blocks.assert_freed();
+        count(&OUTCOMES, accepted);
+    });
+    assert_all_reached(
+        &OUTCOMES,
+        &["none accepted", "one accepted", "both accepted"],
     );
 }

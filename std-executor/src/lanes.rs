@@ -99,6 +99,9 @@ pub struct Fifo<T> {
     items: crate::sync::Mutex<std::collections::VecDeque<T>>,
     /// `items.len()`, changed under the lock, read without it.
     len: AtomicUsize,
+    /// Items ever pushed, and whether it is closed: changed under the lock.
+    pushed: AtomicUsize,
+    closed: AtomicBool,
 }
 
 #[cfg(loom)]
@@ -115,6 +118,8 @@ impl<T> Fifo<T> {
         Fifo {
             items: crate::sync::Mutex::new(std::collections::VecDeque::new()),
             len: AtomicUsize::new(0),
+            pushed: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -125,9 +130,33 @@ impl<T> Fifo<T> {
 
     /// Appends the item `make` returns (as `Fifo::push_with`).
     pub fn push_with(&self, make: impl FnOnce() -> T) {
+        if self.try_push_with(make).is_err() {
+            panic!("push onto a closed Fifo");
+        }
+    }
+
+    /// As `Fifo::try_push_with`: `make` handed back uncalled once closed.
+    pub fn try_push_with<F: FnOnce() -> T>(&self, make: F) -> Result<(), F> {
         let mut items = crate::sync::lock(&self.items);
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(make);
+        }
         items.push_back(make());
+        self.pushed.fetch_add(1, Ordering::Relaxed);
         self.len.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// As `Fifo::close`.
+    pub fn close(&self) {
+        let _items = crate::sync::lock(&self.items);
+        self.closed.store(true, Ordering::Relaxed);
+    }
+
+    /// As `Fifo::pushed`.
+    pub fn pushed(&self) -> usize {
+        let _items = crate::sync::lock(&self.items);
+        self.pushed.load(Ordering::Relaxed)
     }
 
     /// Takes the oldest item, if any.
@@ -168,23 +197,23 @@ pub enum AfterPush {
 }
 
 /// The submitter's half of "Waking for a push": pushes the item `make` builds onto the lane
-/// (`word`, `queue`; built in its slot once that is reserved, `Fifo::push_with`: `make` must
-/// not unwind), then reads `idle()` (whether some worker is registered asleep, and whether some
+/// (`word`, `queue`; built in its slot once that is reserved, `Fifo::try_push_with`: `make`
+/// must not unwind; handed back uncalled if the lane is closed), then reads `idle()` (whether some worker is registered asleep, and whether some
 /// worker is searching: one `SeqCst` load of the sleep word) and, only if a worker sleeps and
 /// none searches, the lane's phase and `deep` (`SeqCst`). No fence: the push's `SeqCst` CAS
 /// pairs with the workers' fences (module docs), except under loom, which needs the fence.
 #[inline]
-pub fn push_then_look<T>(
+pub fn push_then_look<T, F: FnOnce() -> T>(
     word: &LaneWord,
     queue: &Fifo<T>,
-    make: impl FnOnce() -> T,
+    make: F,
     deep: &AtomicUsize,
     idle: impl FnOnce() -> (bool, bool),
-) -> AfterPush {
-    queue.push_with(make);
+) -> Result<AfterPush, F> {
+    queue.try_push_with(make)?;
     #[cfg(loom)]
     fence(Ordering::SeqCst);
-    match idle() {
+    Ok(match idle() {
         (_, true) => AfterPush::Nothing,
         (false, false) => AfterPush::AllBusy,
         (true, false) => {
@@ -194,7 +223,7 @@ pub fn push_then_look<T>(
                 AfterPush::Nothing
             }
         }
-    }
+    })
 }
 
 /// The owner's half of "Waking for a push": the owner `me` found the lane (`word`, `queue`)
@@ -354,6 +383,8 @@ pub(crate) struct Lanes<K> {
     pub(crate) deep: CachePadded<AtomicUsize>,
     /// `shutdown_now` has taken every lane for good.
     pub(crate) stopped: AtomicBool,
+    /// Every lane's FIFO is closed (`close`).
+    closed: AtomicBool,
 }
 
 impl<K> Lanes<K> {
@@ -372,7 +403,27 @@ impl<K> Lanes<K> {
             tracked: Arc::new(Tracked::new(n)),
             deep: CachePadded::new(AtomicUsize::new(0)),
             stopped: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         }
+    }
+
+    /// Closes every lane to pushes (see "Admission"), then says so (`is_closed`).
+    pub(crate) fn close(&self) {
+        for lane in self.lanes.iter() {
+            lane.queue.close();
+        }
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// Whether `close` has finished: every push from now on is refused, and every push it let
+    /// in is counted in the lanes' positions (`pushed`) and visible to their emptiness checks.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Items ever pushed onto the lanes (each counted once its slot is reserved).
+    pub(crate) fn pushed(&self) -> u64 {
+        self.lanes.iter().map(|l| l.queue.pushed() as u64).sum()
     }
 
     /// How many lanes there are.
@@ -393,12 +444,12 @@ impl<K> Lanes<K> {
     /// Pushes the item `make` builds onto the lane of `hash`; says whether to wake a worker (see "Waking for a push" in
     /// the module docs). `idle`: someone asleep, someone searching (the sleep word, read once).
     #[inline]
-    pub(crate) fn push(
+    pub(crate) fn push<F: FnOnce() -> Item<K>>(
         &self,
         hash: u64,
-        make: impl FnOnce() -> Item<K>,
+        make: F,
         idle: impl FnOnce() -> (bool, bool),
-    ) -> AfterPush {
+    ) -> Result<AfterPush, F> {
         let lane = &self.lanes[self.index_of(hash)];
         push_then_look(&lane.word, &lane.queue, make, &self.deep, idle)
     }

@@ -1,4 +1,26 @@
 //! The serializer: the public face of keyserial.
+//!
+//! # Admission
+//!
+//! A submission is *admitted* (it will run or be handed back) at one atomic step, so that
+//! `shutdown` can say which submissions got in:
+//!
+//! - **A keyed task** (`execute`, `submit`, `submit_distinct`, `submit_with_permits`) by the
+//!   reserving CAS of its slot in its key's lane (`core::fifo`): no other shared word is
+//!   written. `shutdown` closes every lane's FIFO (a `fetch_or` of a bit of its tail position),
+//!   so each such CAS comes before the close (the task is in the lane, counted by the lane's
+//!   position) or fails and reads the bit (the task is handed back untouched, and a distinct
+//!   claim is released).
+//! - **An unkeyed task, and a `submit_latest` task** (which may replace its key's pending one
+//!   instead of pushing) by the gate (`gate.rs`): `enter` before, `admit` after. A latest task
+//!   that pushed leaves the gate uncounted (its lane counts it).
+//!
+//! `shutdown` closes the gate, waits for the submissions inside it to finish (their pushes
+//! cannot be refused: no lane is closed yet), then closes the lanes and only then says so
+//! (`Lanes::is_closed`, Release). Admitted = the gate's count + the lanes' positions. A worker
+//! leaves on shutdown only after it has seen the lanes closed (Acquire): every admitted keyed
+//! task is then visible to its emptiness checks (a reserved slot counts), so none is left
+//! behind.
 
 use std::fmt;
 use std::hash::Hash;
@@ -391,9 +413,9 @@ where
         })
     }
 
-    /// The one admission path: capacity, gate, distinct check, then the push. `build` makes the
-    /// task node; it runs only once the task is sure to be accepted, so a refusal hands back the
-    /// untouched closure.
+    /// The one admission path: capacity, then the admission itself (see "Admission" in the
+    /// module docs), the distinct check, the push. `build` makes the task node; it runs only
+    /// once the task is sure to be accepted, so a refusal hands back the untouched closure.
     fn admit(
         &self,
         key: Option<K>,
@@ -402,7 +424,6 @@ where
         build: impl FnOnce() -> LaneTask,
     ) -> Result<(), Refused> {
         let sh = &*self.shared;
-        let on_worker = worker::current_worker::<K>(sh.id);
         let refuse = |reason, node| {
             sh.rejected.fetch_add(1, Ordering::Relaxed);
             Err(Refused { reason, node })
@@ -411,7 +432,7 @@ where
             return refuse(RejectReason::Shutdown, None);
         }
         if let Some(cap) = &sh.capacity {
-            let ok = if on_worker.is_some() {
+            let ok = if worker::current_worker::<K>(sh.id).is_some() {
                 cap.force_reserve();
                 true
             } else if mode == Mode::Try {
@@ -434,51 +455,86 @@ where
                 cap.release();
             }
         };
-        let Some(ticket) = sh.gate.enter() else {
-            release_cap();
-            return refuse(RejectReason::Shutdown, None);
-        };
-        let local = on_worker.map(|(_, d)| d);
         let Some(key) = key else {
+            // An unkeyed task is admitted by the gate.
+            let Some(ticket) = sh.gate.enter() else {
+                release_cap();
+                return refuse(RejectReason::Shutdown, None);
+            };
+            let local = worker::current_worker::<K>(sh.id).map(|(_, d)| d);
             sh.schedule(Runnable::Task(build().into_task()), local);
             ticket.admit();
             return Ok(());
         };
-        // Keep-first: a `submit_distinct` claims its key until its task starts (`claims.rs`).
         let hash = sh.hash_of(&key);
+        if kind == Kind::Latest {
+            return self.admit_latest(key, hash, build, release_cap, refuse);
+        }
+        // Keep-first: a `submit_distinct` claims its key until its task starts (`claims.rs`).
         if kind == Kind::Distinct && !sh.claims.claim(&key, hash) {
-            drop(ticket);
             release_cap();
             return refuse(RejectReason::Duplicate, None);
         }
-        // Every keyed task enters through its key's lane, in submission order (`lanes.rs`); a
-        // latest task may instead replace its key's pending one (`latest_cells.rs`). The item
-        // is built in its lane slot once that is reserved (`Fifo::push_with`): key clones and
-        // hashing, which run user code that may panic, come before.
-        if kind == Kind::Latest {
-            let task = build();
-            let push = |cell| {
-                let key = key.clone();
-                sh.push_keyed(hash, || Item {
-                    key,
-                    hash,
-                    task: LaneTask::node(cell),
-                });
-            };
-            if let Offered::Replaced(old) = sh.latest.offer(&key, hash, task.into_task(), push) {
+        // Every keyed task enters through its key's lane, in submission order (`lanes.rs`),
+        // and is admitted by the reservation of its slot. The item is built in that slot once
+        // reserved (`Fifo::try_push_with`): key clones and hashing, which run user code that
+        // may panic, come before.
+        let mut key = Some(key);
+        let pushed = sh.push_keyed(hash, || Item {
+            key: key.take().expect("built once"),
+            hash,
+            task: build(),
+        });
+        if let Err(make) = pushed {
+            drop(make);
+            let key = key.expect("refused before the item was built");
+            if kind == Kind::Distinct {
+                sh.claims.release(&key, hash);
+            }
+            release_cap();
+            return refuse(RejectReason::Shutdown, None);
+        }
+        sh.latest.seal(hash);
+        Ok(())
+    }
+
+    /// `admit` for a `submit_latest` task: it may replace its key's pending one instead of
+    /// being pushed (`latest_cells.rs`), so it is admitted by the gate, and its push (when
+    /// there is one) cannot be refused: lanes close only once the gate is idle.
+    fn admit_latest(
+        &self,
+        key: K,
+        hash: u64,
+        build: impl FnOnce() -> LaneTask,
+        release_cap: impl Fn(),
+        refuse: impl Fn(RejectReason, Option<TaskRef>) -> Result<(), Refused>,
+    ) -> Result<(), Refused> {
+        let sh = &*self.shared;
+        let Some(ticket) = sh.gate.enter() else {
+            release_cap();
+            return refuse(RejectReason::Shutdown, None);
+        };
+        let task = build();
+        let push = |cell| {
+            let key = key.clone();
+            let pushed = sh.push_keyed(hash, || Item {
+                key,
+                hash,
+                task: LaneTask::node(cell),
+            });
+            assert!(pushed.is_ok(), "a lane closed while the gate was open");
+        };
+        match sh.latest.offer(&key, hash, task.into_task(), push) {
+            Offered::Replaced(old) => {
                 old.abandon(Abandon::Superseded);
                 sh.dropped_outside.fetch_add(1, Ordering::AcqRel);
                 release_cap();
+                // No push: the gate counts this one.
+                ticket.admit();
             }
-        } else {
-            sh.push_keyed(hash, || Item {
-                key,
-                hash,
-                task: build(),
-            });
-            sh.latest.seal(hash);
+            // Pushed: its lane counts it.
+            Offered::Pushed => drop(ticket),
         }
-        ticket.admit();
         Ok(())
     }
 
@@ -513,7 +569,11 @@ where
     pub fn shutdown(&self) {
         let sh = &*self.shared;
         sh.shutdown.store(true, Ordering::Release);
+        // Unkeyed and latest submissions are admitted by the gate, keyed ones by their lane
+        // (see "Admission"): the lanes close once the gate's last submission has pushed.
         sh.gate.close();
+        sh.gate.wait_idle();
+        sh.lanes.close();
         if let Some(c) = &sh.capacity {
             c.wake_all();
         }
@@ -775,7 +835,7 @@ where
             dropped += s.counters.dropped.load(Ordering::Acquire);
         }
         dropped += sh.dropped_outside.load(Ordering::Acquire);
-        let admitted = sh.gate.admitted();
+        let admitted = sh.admitted();
         let handed = sh.handed_back.load(Ordering::Acquire);
         Stats {
             workers: sh.live_workers.load(Ordering::Acquire),

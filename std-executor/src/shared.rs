@@ -186,13 +186,21 @@ where
     /// Pushes a keyed item onto its lane and wakes a worker if it needs one (see "Waking for
     /// a push" in `lanes.rs`).
     #[inline]
-    pub(crate) fn push_keyed(&self, hash: u64, make: impl FnOnce() -> Item<K>) {
-        match self.lanes.push(hash, make, || self.sleep.idle_now()) {
+    pub(crate) fn push_keyed<F: FnOnce() -> Item<K>>(&self, hash: u64, make: F) -> Result<(), F> {
+        match self.lanes.push(hash, make, || self.sleep.idle_now())? {
             AfterPush::Nothing => {}
             AfterPush::Notify => self.notify(),
             // Queued while no worker is idle: its lane's owner may be stuck in a task.
             AfterPush::AllBusy => self.starving(),
         }
+        Ok(())
+    }
+
+    /// Submissions admitted so far: those the gate counted, and every item pushed onto a lane
+    /// (a keyed submission is admitted by its lane's reservation, see `serializer.rs`,
+    /// "Admission").
+    pub(crate) fn admitted(&self) -> u64 {
+        self.gate.admitted() + self.lanes.pushed()
     }
 
     /// Something became runnable: wake a sleeper if nobody is searching; if every worker is
@@ -240,7 +248,7 @@ where
             + dropped
             + self.handed_back.load(Ordering::Acquire)
             + self.dropped_outside.load(Ordering::Acquire);
-        self.gate.admitted().saturating_sub(finished)
+        self.admitted().saturating_sub(finished)
     }
 
     /// `true` if any queue visibly holds something to run (a lane's items count even behind

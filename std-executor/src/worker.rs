@@ -417,6 +417,7 @@ where
             return true;
         }
         if sh.shutdown.load(Ordering::Acquire)
+            && sh.lanes.is_closed()
             && sh.gate.in_flight() == 0
             && sh.outstanding() == 0
             && !sh.has_visible_work()

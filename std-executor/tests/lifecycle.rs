@@ -168,6 +168,72 @@ fn shutdown_now_from_another_thread_during_a_storm_loses_nothing() {
     }
 }
 
+/// `shutdown` from another thread while producers submit keyed tasks of every kind: a keyed
+/// task is admitted by its lane's reservation, refused by a closed lane. Every accepted task
+/// runs exactly once, every refused one comes back untouched (never run), and `stats` counts
+/// exactly the accepted ones.
+#[test]
+fn shutdown_during_keyed_submits_runs_every_accepted_task_once() {
+    for round in 0..20u32 {
+        let s = Arc::new(Builder::<u32>::new().workers(2).build().unwrap());
+        let ran = Arc::new(AtomicUsize::new(0));
+        let producers: Vec<_> = (0..2u32)
+            .map(|p| {
+                let (s, ran) = (s.clone(), ran.clone());
+                std::thread::spawn(move || {
+                    let (mut accepted, mut refused) = (0usize, 0usize);
+                    for i in 0..20_000u32 {
+                        let key = (i * 2 + p) % 257;
+                        let r = ran.clone();
+                        let task = move || {
+                            r.fetch_add(1, Ordering::Relaxed);
+                        };
+                        let ok = match i % 3 {
+                            0 => s.execute(key, task).map_err(|e| e.task).is_ok(),
+                            1 => s.submit(key, task).map_err(|e| e.task).is_ok(),
+                            _ => match s.submit_distinct(key + 1000 * (i % 7), task) {
+                                Ok(_) => true,
+                                Err(e) if e.reason == RejectReason::Duplicate => continue,
+                                Err(_) => false,
+                            },
+                        };
+                        if ok {
+                            accepted += 1;
+                        } else {
+                            refused += 1;
+                        }
+                    }
+                    (accepted, refused)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_micros(150 * u64::from(round % 6)));
+        s.shutdown();
+        let (mut accepted, mut refused) = (0, 0);
+        for p in producers {
+            let (a, r) = p.join().unwrap();
+            accepted += a;
+            refused += r;
+        }
+        assert!(s.await_termination(Duration::from_secs(20)));
+        assert_eq!(
+            ran.load(Ordering::Relaxed),
+            accepted,
+            "round {round}: every accepted task ran once, no refused one ran"
+        );
+        let stats = s.stats();
+        assert_eq!(
+            stats.completed as usize, accepted,
+            "round {round}: {stats:?}"
+        );
+        assert_eq!(stats.queued, 0, "round {round}: {stats:?}");
+        assert!(
+            stats.rejected as usize >= refused,
+            "round {round}: {stats:?}"
+        );
+    }
+}
+
 /// Runs of tasks straight from a lane (one `RUNNING` section for many tasks) stop mid-run
 /// under `shutdown_now`: per key, what ran is a prefix of what was submitted and what came back
 /// is the rest, in order, nothing both.
