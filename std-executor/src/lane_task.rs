@@ -111,10 +111,13 @@ unsafe fn take<T>(p: *mut Words) -> T {
     unsafe { p.cast::<T>().read() }
 }
 
-/// A task in a lane's slot (see the module docs).
+/// A task in a lane's slot (see the module docs). `repr(C)`, `ops` last: a move of an
+/// `Option<Item>` tests `ops` (its niche) on its own and copies the rest in aligned 16-byte
+/// pieces, each read back from where it was stored (no store-forwarding stall).
+#[repr(C)]
 pub(crate) struct LaneTask {
-    ops: &'static Ops,
     data: Words,
+    ops: &'static Ops,
 }
 
 // `LaneTask` is `Send` as its parts are (a static table and plain bytes); what the bytes hold
@@ -136,6 +139,7 @@ impl LaneTask {
     }
 
     /// The kind of submission that made the task (an inline task is always `execute`'s).
+    #[inline]
     pub(crate) fn kind(&self) -> Kind {
         if self.ops.node {
             // SAFETY: a node table's bytes hold a live `TaskRef`; we only borrow it.
@@ -155,6 +159,7 @@ impl LaneTask {
 
     /// Runs the task (a panic is caught); `done(panicked)` runs before a handle resolves.
     /// Returns `true` if it panicked.
+    #[inline(always)]
     pub(crate) fn run(self, done: &dyn Fn(bool)) -> bool {
         let mut this = ManuallyDrop::new(self);
         // SAFETY: as in `into_task`.
@@ -172,6 +177,7 @@ impl Drop for LaneTask {
 
 /// One keyed submission in a lane: the key, its hash (the table's hasher) and its task; 56
 /// bytes for a `u64` key, so a lane FIFO's slot is one cache line.
+#[repr(C)]
 pub(crate) struct Item<K> {
     pub(crate) key: K,
     pub(crate) hash: u64,

@@ -306,6 +306,7 @@ impl<K> Lane<K> {
     /// The caller owns the lane (its word names the caller as owner, or it is being dropped):
     /// the lane word passes ownership with Release/Acquire, which is what the FIFO's one
     /// popper at a time needs.
+    #[inline(always)]
     pub(crate) unsafe fn pop(&self) -> Option<Item<K>> {
         // SAFETY: the caller owns the lane, so it is the FIFO's only popper (above).
         unsafe { self.queue.pop() }

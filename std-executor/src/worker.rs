@@ -673,6 +673,7 @@ where
 
     /// Runs a task popped from lane `l` inside the open run (the slot is `RUNNING`); leaves the
     /// run open unless the lane was taken while the task ran.
+    #[inline(always)]
     fn run_in_run(&mut self, l: usize, item: Item<K>, hash: u64) -> Direct {
         let sh = self.shared;
         let word = &sh.lanes.get(l).word;
