@@ -78,8 +78,10 @@
 //! - **Pop** (only the popper, [`Fifo::pop`] is `unsafe` for that). Compare the head position
 //!   with the tail's: equal means empty. The popper compares with the tail it read last
 //!   (`tail_seen`, its own), and reads the tail again (Acquire) only when the head has caught up
-//!   with that: a tail once read stays reserved, so while a backlog lasts the popper does not
-//!   pull the pushers' line to its core at every pop. Otherwise the head's slot was reserved; wait
+//!   with that *and* finds the head's slot not yet written (a written slot is proof enough that
+//!   the tail is past it; a stale stamp from an earlier use of the block never reads `head + 1`):
+//!   a tail once read stays reserved, and a written slot needs no tail, so while items flow the
+//!   popper does not pull the pushers' line to its core at every pop. Otherwise the head's slot was reserved; wait
 //!   until its stamp reads `head + 1` (Acquire: the item and, for a last slot, the `next` link
 //!   are visible), read the item, and advance the head (a Release store: a reader that sees the
 //!   old head only thinks the FIFO is longer than it is). After the last slot of a block the popper follows `next`
@@ -555,10 +557,20 @@ impl<T> Fifo<T> {
     #[inline(always)]
     unsafe fn take(&self, stock: bool) -> Option<T> {
         // The head is the popper's alone (the caller's contract); the tail is read Acquire,
-        // and only once the head has reached the tail read last.
+        // and only once the head has reached the tail read last and the head's slot is not
+        // written yet.
         let head = self.head.end.index.load(Ordering::Relaxed);
+        let block = self.head.end.block.load(Ordering::Relaxed);
+        let offset = head % LAP;
+        // SAFETY: the head's block is live until the popper frees it below, and only the popper
+        // does; it is the block of the head's position (installed before the popper moved into
+        // it), and `offset < BLOCK` (the head never rests on the gap).
+        let slot = unsafe { &(*block).slots[offset] };
         // (`>=`: a tail read at a block's gap is one position behind the head that skipped it.)
-        if head >= self.head.tail_seen.load(Ordering::Relaxed) {
+        if head >= self.head.tail_seen.load(Ordering::Relaxed)
+            && slot.stamp.load(Ordering::Acquire) != head + 1
+        {
+            // Not written: reserved by a pusher still writing it, or not reserved at all.
             let tail = self.tail.end.index.load(Ordering::Acquire) & !CLOSED;
             if head == tail {
                 return None;
@@ -566,11 +578,6 @@ impl<T> Fifo<T> {
             debug_assert!(head < tail, "the head passed the tail");
             self.head.tail_seen.store(tail, Ordering::Relaxed);
         }
-        let block = self.head.end.block.load(Ordering::Relaxed);
-        let offset = head % LAP;
-        // SAFETY: the head's block is live until the popper frees it below, and only the popper
-        // does; `offset < BLOCK` (the head never rests on the gap).
-        let slot = unsafe { &(*block).slots[offset] };
         let backoff = Backoff::new();
         while slot.stamp.load(Ordering::Acquire) != head + 1 {
             // Reserved (the tail is past it) but its pusher has not finished writing.
