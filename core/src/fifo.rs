@@ -717,6 +717,41 @@ mod tests {
     use std::vec::Vec;
 
     #[test]
+    fn close_refuses_later_pushes_and_keeps_earlier_ones() {
+        extern crate std;
+        use std::sync::Arc;
+        use std::vec::Vec;
+        let q = Arc::new(Fifo::new());
+        // Two pushers race a close; whatever each got in is popped, in its order, once.
+        let pushers: Vec<_> = (0..2usize)
+            .map(|t| {
+                let q = q.clone();
+                std::thread::spawn(move || {
+                    let mut n = 0;
+                    while n < 3 * BLOCK && q.try_push_with(|| (t, n)).is_ok() {
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        std::thread::yield_now();
+        q.close();
+        let got: Vec<usize> = pushers.into_iter().map(|p| p.join().unwrap()).collect();
+        assert!(q.is_closed());
+        assert!(q.try_push_with(|| (9, 9)).is_err());
+        assert_eq!(q.pushed(), got[0] + got[1]);
+        let mut next = [0usize; 2];
+        // SAFETY: the only popper.
+        while let Some((t, i)) = unsafe { q.pop() } {
+            assert_eq!(i, next[t]);
+            next[t] += 1;
+        }
+        assert_eq!(next.to_vec(), got);
+        assert!(q.is_empty() && q.len() == 0);
+    }
+
+    #[test]
     fn keeps_order_across_blocks() {
         let q = Fifo::new();
         let n = 3 * BLOCK + 5;
