@@ -748,7 +748,7 @@ mod tests {
             next[t] += 1;
         }
         assert_eq!(next.to_vec(), got);
-        assert!(q.is_empty() && q.len() == 0);
+        assert!(q.is_empty());
     }
 
     #[test]
