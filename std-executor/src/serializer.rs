@@ -556,8 +556,11 @@ where
     #[inline(always)]
     fn origin_of(&self, _key: Option<&K>, _kind: Kind) -> OriginCheck {}
 
-    /// Stops accepting tasks; queued tasks still run. Idempotent; returns at once (see
-    /// [`await_termination`](Self::await_termination)).
+    /// Stops accepting tasks; queued tasks still run. Idempotent; returns without waiting for
+    /// any task (see [`await_termination`](Self::await_termination)), only for the unkeyed and
+    /// `submit_latest` submissions already inside a submit call to finish their push, which
+    /// never blocks. A submission that returned `Ok` before `shutdown` returned runs (or is
+    /// handed back by [`shutdown_now`](Self::shutdown_now)); one that starts after is refused.
     ///
     /// ```
     /// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
