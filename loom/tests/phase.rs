@@ -23,6 +23,30 @@ fn hand_back(chain: &C, handed: &AtomicUsize) {
     }
 }
 
+/// Called where `shutdown_now` returns: joins the worker, then checks that nothing was handed
+/// back after the return, and that each task of `all` (bit sets) ran or was handed back, once.
+fn each_task_once(
+    worker: thread::JoinHandle<()>,
+    ran: &AtomicUsize,
+    handed: &AtomicUsize,
+    all: usize,
+) {
+    let handed_at_return = handed.load(Ordering::Acquire);
+    worker.join().unwrap();
+    assert_eq!(
+        handed.load(Ordering::Acquire),
+        handed_at_return,
+        "a task was handed back after shutdown_now returned"
+    );
+    let (r, h) = (ran.load(Ordering::Acquire), handed.load(Ordering::Acquire));
+    assert_eq!(
+        r & h,
+        0,
+        "a task both ran and was handed back: ran {r:b} handed {h:b}"
+    );
+    assert_eq!(r | h, all, "a task was lost: ran {r:b} handed {h:b}");
+}
+
 #[test]
 fn shutdown_now_takes_the_queue_behind_a_running_task_exactly_once() {
     loom::model(|| {
@@ -79,21 +103,7 @@ fn shutdown_now_takes_the_queue_behind_a_running_task_exactly_once() {
             hand_back(&chain, &handed);
         }
         // shutdown_now returns here: whatever will never run must already be handed back.
-        let handed_at_return = handed.load(Ordering::Acquire);
-        worker.join().unwrap();
-        assert_eq!(
-            handed.load(Ordering::Acquire),
-            handed_at_return,
-            "a task was handed back after shutdown_now returned"
-        );
-
-        let (r, h) = (ran.load(Ordering::Acquire), handed.load(Ordering::Acquire));
-        assert_eq!(
-            r & h,
-            0,
-            "a task both ran and was handed back: ran {r:b} handed {h:b}"
-        );
-        assert_eq!(r | h, 0b11, "a task was lost: ran {r:b} handed {h:b}");
+        each_task_once(worker, &ran, &handed, 0b11);
     });
 }
 
@@ -227,19 +237,6 @@ fn shutdown_now_takes_a_lane_from_a_run_of_tasks_exactly_once() {
             thread::yield_now();
         }
         lane.hand_back(&handed);
-        let handed_at_return = handed.load(Ordering::Acquire);
-        worker.join().unwrap();
-        assert_eq!(
-            handed.load(Ordering::Acquire),
-            handed_at_return,
-            "a task was handed back after shutdown_now returned"
-        );
-        let (r, h) = (ran.load(Ordering::Acquire), handed.load(Ordering::Acquire));
-        assert_eq!(
-            r & h,
-            0,
-            "a task both ran and was handed back: ran {r:b} handed {h:b}"
-        );
-        assert_eq!(r | h, 0b111, "a task was lost: ran {r:b} handed {h:b}");
+        each_task_once(worker, &ran, &handed, 0b111);
     });
 }
