@@ -1,6 +1,12 @@
 //! The admission gate: lets submissions in until shutdown, and lets shutdown wait for the
 //! submissions already inside.
 //!
+//! It admits the submissions that do not go straight into a lane: unkeyed tasks, and
+//! `submit_latest` tasks (which may replace their key's pending one instead of pushing). A keyed
+//! task is admitted by its lane slot's reservation instead, and refused by the lanes' close,
+//! which `shutdown` does only after this gate is closed and idle (`serializer.rs`, "Admission"),
+//! so a push made inside the gate is never refused.
+//!
 //! # Protocol
 //!
 //! The gate is a set of cache-padded words (one is picked per submitting thread, so threads
@@ -22,7 +28,7 @@
 //! `close` in that word's modification order (then `close` sees it in flight and `wait_idle` waits
 //! for its push to be complete and visible) or follows it (then `enter` sees `CLOSED` and the task
 //! is handed back). There is no store-then-load race, and after `close` + `wait_idle` no task can
-//! appear in any chain: what shutdown collects afterwards is complete.
+//! appear in any chain through the gate: what shutdown collects afterwards is complete.
 
 use std::cell::Cell;
 
