@@ -324,6 +324,26 @@ impl Workload {
         }
     }
 
+    /// Runs per row when `compare` is not given `--repeat`: 7 for W4, 3 for the others.
+    ///
+    /// W4's figure is a p99 of about 20,000 start latencies on a run whose 500 ms are set by
+    /// the slow key, so one run's p99 is a handful of the latest starts and moves by 3-4x
+    /// between identical runs (on 2 cores: 1.2-7.6 ms for keyserial and 2.5-8.9 ms for tokio
+    /// actors over 15 runs, BENCHMARKS.md run S); a median of 3 then names a different
+    /// winner from round to round. The runs are short, so 7 cost about a minute in all.
+    ///
+    /// ```
+    /// use keyserial_benches::workloads::{Size, Workload};
+    /// assert_eq!(Workload::w4(Size::Default).default_runs(), 7);
+    /// assert_eq!(Workload::w2(Size::Default).default_runs(), 3);
+    /// ```
+    pub fn default_runs(&self) -> usize {
+        match self {
+            Workload::HeadOfLine { .. } => 7,
+            _ => 3,
+        }
+    }
+
     /// Stable id, e.g. `w2_overhead` or `w6_scale_100k`.
     pub fn id(&self) -> String {
         match self {

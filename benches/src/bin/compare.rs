@@ -112,8 +112,9 @@ struct Cli {
     executors: Vec<Contender>,
 
     /// Exactly N runs per workload, mode and executor; the table shows the median and min-max.
-    /// Default: up to 3 runs, but a row stops after the run that takes it past 4 s (0.6 s with
-    /// --quick), so slow rows get 1 or 2 runs
+    /// Default: up to 3 runs (7 for W4, whose p99 moves by 3-4x between identical runs), but a
+    /// row stops after the run that takes it past 4 s per 3 runs (0.6 s with --quick), so slow
+    /// rows get 1 or 2 runs
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     repeat: Option<u32>,
 
@@ -160,8 +161,9 @@ struct Args {
     modes: Vec<Mode>,
     workloads: Option<Vec<String>>,
     executors: Option<Vec<Contender>>,
+    /// Runs per row: `--repeat`, or 3 by default ([`Args::runs_for`]).
     repeat: usize,
-    /// Per-row time budget when `--repeat` was not given.
+    /// Per-row time budget of 3 runs when `--repeat` was not given.
     budget: Option<Duration>,
     workers: usize,
     json: Option<String>,
@@ -199,6 +201,23 @@ impl From<Cli> for Args {
             json: cli.json,
             timeout: Duration::from_secs(cli.timeout),
         }
+    }
+}
+
+impl Args {
+    /// Runs per row of workload `w`: `--repeat` if given, else the workload's default
+    /// ([`Workload::default_runs`]: 7 for W4's noisy p99, 3 for the others).
+    fn runs_for(&self, w: &Workload) -> usize {
+        if self.budget.is_some() {
+            w.default_runs()
+        } else {
+            self.repeat
+        }
+    }
+
+    /// The time budget of a row of `w` (default runs only): `budget` per 3 runs.
+    fn budget_for(&self, w: &Workload) -> Option<Duration> {
+        self.budget.map(|b| b * self.runs_for(w) as u32 / 3)
     }
 }
 
@@ -920,12 +939,17 @@ fn main() -> ExitCode {
 
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mut head = format!(
-        "keyserial compare: {} workers ({} cores available), {}{} run{} per row, {} sizes\n",
+        "keyserial compare: {} workers ({} cores available), {}{} run{} per row{}, {} sizes\n",
         args.workers,
         cores,
         if args.budget.is_some() { "up to " } else { "" },
         args.repeat,
         if args.repeat == 1 { "" } else { "s" },
+        if args.budget.is_some() {
+            " (W4: 7)"
+        } else {
+            ""
+        },
         match args.size {
             Size::Quick => "--quick",
             Size::Full => "--full (the issue's)",
@@ -950,9 +974,10 @@ fn main() -> ExitCode {
                 .iter()
                 .filter(|c| c.skip_reason(w).is_none())
                 .count()
+                * args.runs_for(w)
         })
         .sum();
-    let pb = ProgressBar::new((plan * args.repeat * args.modes.len()) as u64);
+    let pb = ProgressBar::new((plan * args.modes.len()) as u64);
     pb.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:32}] {pos}/{len} {msg}")
             .expect("template")
@@ -984,7 +1009,8 @@ fn main() -> ExitCode {
         let mut floor = Vec::new();
         // Repeats are the outer loop and the modes alternate inside it, so that drift on the
         // machine spreads over every row of both tables.
-        for rep in 0..args.repeat {
+        let (runs, budget) = (args.runs_for(w), args.budget_for(w));
+        for rep in 0..runs {
             if let Some(f) = w.measured_floor(args.workers) {
                 floor.push(f.as_nanos() as f64);
             }
@@ -992,7 +1018,7 @@ fn main() -> ExitCode {
                 let mode = t.mode;
                 for row in t.rows.iter_mut().filter(|r| r.skipped.is_none()) {
                     if let (Some(budget), Some(per_run)) =
-                        (args.budget, row.spent.checked_div(row.runs.len() as u32))
+                        (budget, row.spent.checked_div(row.runs.len() as u32))
                     {
                         if row.spent + per_run > budget {
                             pb.inc(1);
@@ -1005,7 +1031,7 @@ fn main() -> ExitCode {
                         mode.id(),
                         row.contender.id(),
                         rep + 1,
-                        args.repeat
+                        runs
                     ));
                     let t0 = Instant::now();
                     let out = row.contender.visit(
