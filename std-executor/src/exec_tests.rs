@@ -305,3 +305,56 @@ fn dropping_the_serializer_runs_its_queued_tasks() {
     blocker.join().unwrap();
     assert_eq!(ran.load(Ordering::SeqCst), (KEYS * PER_KEY) as usize);
 }
+
+/// Keys that share one lane go to two workers when one of them idles: the lane's owner sheds a
+/// key to its idle sibling (`worker.rs`, "Sharing a lane with an idle worker"). The tasks are
+/// short CPU work, far below the time a thief waits before it takes a lane from an owner stuck
+/// in one task, so only shedding lets two of them overlap; each key's order must hold all along.
+#[test]
+#[cfg_attr(miri, ignore = "timing: CPU-bound tasks on two workers")]
+fn keys_sharing_a_lane_are_shared_with_an_idle_worker() {
+    let s = serializer(2);
+    let lane_of = |k: &u32| s.lane_of(k);
+    let target = lane_of(&0);
+    let keys: Vec<u32> = (0..).filter(|k| lane_of(k) == target).take(4).collect();
+    let running = Arc::new(AtomicUsize::new(0));
+    // Tasks that started while another task of the lane was running.
+    let overlapped = Arc::new(AtomicUsize::new(0));
+    let next: Arc<Vec<AtomicUsize>> = Arc::new(keys.iter().map(|_| AtomicUsize::new(0)).collect());
+    let tasks = 2000;
+    for i in 0..tasks {
+        for (slot, &k) in keys.iter().enumerate() {
+            let (running, overlapped, next) = (running.clone(), overlapped.clone(), next.clone());
+            s.execute(k, move || {
+                if running.fetch_add(1, Ordering::SeqCst) > 0 {
+                    overlapped.fetch_add(1, Ordering::Relaxed);
+                }
+                assert_eq!(
+                    next[slot].swap(i + 1, Ordering::SeqCst),
+                    i,
+                    "key {k} out of order"
+                );
+                let until = std::time::Instant::now() + Duration::from_micros(5);
+                while std::time::Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+                running.fetch_sub(1, Ordering::SeqCst);
+            })
+            .unwrap();
+        }
+    }
+    s.shutdown();
+    assert!(s.await_termination(Duration::from_secs(60)));
+    for n in next.iter() {
+        assert_eq!(n.load(Ordering::SeqCst), tasks);
+    }
+    assert_eq!(s.stats().panicked, 0);
+    // Shed keys run beside the owner's for most of the run; without shedding, two tasks of one
+    // lane overlap only when the owner is descheduled inside one long enough to be robbed.
+    let overlapped = overlapped.load(Ordering::Relaxed);
+    assert!(
+        overlapped >= tasks * keys.len() / 10,
+        "only {overlapped} of {} tasks ran beside another: the idle worker took no key of the busy lane",
+        tasks * keys.len()
+    );
+}

@@ -8,6 +8,7 @@ use keyserial_core::table::{Entry, Retire};
 
 use crate::idle_word::IdleWord;
 use crate::lanes::TrackToken;
+use crate::sync::AtomicBool;
 use crate::task::{Header, TaskRef};
 
 /// Per-key state of a *tracked* key (`lanes.rs`): the key's chain plus what the executor keeps
@@ -16,6 +17,11 @@ pub(crate) struct KeyState {
     pub(crate) chain: Chain<Header>,
     /// Idle bookkeeping (see `idle_word.rs`).
     pub(crate) idle: IdleWord,
+    /// The key was shed to an idle worker (`worker.rs`, "Sharing a lane with an idle worker"):
+    /// its plain items go onto its chain even while the chain is idle (`route.rs`). Read and
+    /// written only by the key's router; a stale read only changes which order-safe path an
+    /// item takes.
+    pub(crate) shed: AtomicBool,
     /// Counts the key in its lane's tracked keys while the state lives.
     _track: TrackToken,
 }
@@ -25,6 +31,7 @@ impl KeyState {
         KeyState {
             chain: Chain::new(),
             idle: IdleWord::new(),
+            shed: AtomicBool::new(false),
             _track: track,
         }
     }

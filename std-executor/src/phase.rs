@@ -120,6 +120,13 @@ impl Phase {
         self.0.load(Ordering::Relaxed) & MASK == RUNNING
     }
 
+    /// Whether the worker is `IDLE` (holding nothing; its last search found nothing): a hint
+    /// for a lane's owner deciding whether to go on sharing its lane (`worker.rs`, "Sharing a
+    /// lane with an idle worker"), not part of the protocol.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.0.load(Ordering::Relaxed) & (MASK | STOP) == IDLE
+    }
+
     /// Worker: `RUNNING -> BUSY` after a task, keeping the flags.
     pub fn leave_running(&self) -> AfterTask {
         let mut cur = self.0.load(Ordering::Acquire);

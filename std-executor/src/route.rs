@@ -7,8 +7,10 @@
 //! router decides:
 //!
 //! - A plain or distinct item **runs directly** on the router's thread if its key is not
-//!   tracked: its lane counts no tracked key ([`Tracked::any`](crate::lanes::Tracked::any)),
-//!   or the key has no entry, or its chain is idle. An idle chain has no owner and nothing queued,
+//!   tracked: its lane counts no tracked key in its hash bucket
+//!   ([`Tracked::any`](crate::lanes::Tracked::any)),
+//!   or the key has no entry, or its chain is idle (and the key was not shed to an idle worker,
+//!   whose items all go onto its chain while its entry lives). An idle chain has no owner and nothing queued,
 //!   and only a router of the key pushes onto it, so nothing else of the key can be running: the
 //!   only task of the key that ran from the lane before is the router's own previous one (a
 //!   deferred key's running task belongs to the deferral's runner, which routes instead), and a
@@ -18,7 +20,8 @@
 //!   whose chain is active (a task of the key is queued or running there, or a permit wait holds
 //!   it), every permit-gated item (its chain parks while it waits for permits, holding the key
 //!   without holding a worker), and the item of a *hot* key that a lane's owner moves off the
-//!   lane (`worker.rs`, "Fairness in a lane"). The router makes the entry if there is none,
+//!   lane (`worker.rs`, "Fairness in a lane") or sheds to an idle sibling (`worker.rs`,
+//!   "Sharing a lane with an idle worker"). The router makes the entry if there is none,
 //!   raising the lane's tracked count first. The chain runs from the ready queues as before.
 //! - A `submit_latest` item is a cell (`latest_cells.rs`): the router takes the task out of it
 //!   and routes that like a plain one (kind `Latest`, so a chain still coalesces two in a row).
@@ -36,6 +39,7 @@ use crate::lane_task::Item;
 use crate::lane_task::LaneTask;
 use crate::lanes::TrackToken;
 use crate::shared::Shared;
+use crate::sync::Ordering;
 use crate::task::{Kind, TaskRef};
 
 /// What the router did with an item.
@@ -46,15 +50,27 @@ pub(crate) enum Route<K> {
     Queued,
 }
 
-/// Routes `item`, of key hash `hash` (see the module docs). `local`: the calling worker's deque, where a chain made
-/// runnable goes. `track`: queue it on its key's chain even if the key is not tracked yet (a hot
-/// key, see `worker.rs`, "Fairness in a lane").
+/// How an item must be routed besides what its kind and its key's state ask for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Track {
+    /// As its key's state says.
+    AsIs,
+    /// Onto its key's chain even if the key is not tracked yet: a hot key (`worker.rs`,
+    /// "Fairness in a lane").
+    Hot,
+    /// Onto its key's chain, and the key's later plain items too, even while its chain is idle:
+    /// a key shed to an idle worker (`worker.rs`, "Sharing a lane with an idle worker").
+    Shed,
+}
+
+/// Routes `item`, of key hash `hash` (see the module docs). `local`: the calling worker's
+/// deque, where a chain made runnable goes. `track`: see [`Track`].
 pub(crate) fn route<K>(
     sh: &Shared<K>,
     item: Item<K>,
     hash: u64,
     local: Option<&Worker<Runnable<K>>>,
-    track: bool,
+    track: Track,
 ) -> Route<K>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
@@ -77,9 +93,9 @@ where
     let kind = item.task.kind();
     // Only a permit-gated task needs its key's state (the chain it parks); the rest run
     // directly unless the key is tracked.
-    let plain = kind != Kind::Permits && !track;
+    let plain = kind != Kind::Permits && track == Track::AsIs;
     let lane = sh.lanes.index_of(hash);
-    if plain && !sh.lanes.tracked.any(lane) {
+    if plain && !sh.lanes.tracked.any(lane, hash) {
         return Route::Direct(item);
     }
     let guard = crossbeam_epoch::pin();
@@ -88,7 +104,7 @@ where
     let mut first = None;
     if plain {
         match sh.table.get(&item.key, &guard) {
-            Some(e) if e.value().chain.is_active() => first = Some(e),
+            Some(e) if bound_for_chain(e.value()) => first = Some(e),
             _ => return Route::Direct(item),
         }
     }
@@ -99,7 +115,7 @@ where
             e
         } else if plain {
             match sh.table.get(&key, &guard) {
-                Some(e) if e.value().chain.is_active() => e,
+                Some(e) if bound_for_chain(e.value()) => e,
                 _ => {
                     // SAFETY: `node` is the item's task, given up by `into_raw` above (or handed
                     // back by a bounced push below): ours, queued nowhere.
@@ -108,9 +124,12 @@ where
                 }
             }
         } else {
-            entry_for(sh, &key, lane, &guard)
+            entry_for(sh, &key, lane, hash, &guard)
         };
         let ks = entry.value();
+        if track == Track::Shed {
+            ks.shed.store(true, Ordering::Relaxed);
+        }
         // SAFETY: a live task node we own (given up by `into_raw`, or handed back by a bounced
         // push): queued nowhere else; the chain hands it to its owner or `Header::drop_queued`.
         match unsafe { ks.chain.push(node) } {
@@ -128,11 +147,19 @@ where
     }
 }
 
-/// The key's live entry, made (and counted in `lane`'s tracked keys) if there is none.
+/// Whether a plain item of a key with state `ks` goes onto the key's chain: while the chain is
+/// active (something of the key is queued or running there), or always once the key was shed.
+fn bound_for_chain(ks: &KeyState) -> bool {
+    ks.chain.is_active() || ks.shed.load(Ordering::Relaxed)
+}
+
+/// The key's live entry, made (and counted in `lane`'s tracked keys, by its hash `hash`) if
+/// there is none.
 fn entry_for<'g, K>(
     sh: &'g Shared<K>,
     key: &K,
     lane: usize,
+    hash: u64,
     guard: &'g crossbeam_epoch::Guard,
 ) -> &'g KeyEntry<K>
 where
@@ -143,7 +170,7 @@ where
         Some(entry) if !entry.value().chain.is_retired() => entry,
         _ => sh.table.get_or_insert_cloned(
             key,
-            || KeyState::new(TrackToken::new(&sh.lanes.tracked, lane)),
+            || KeyState::new(TrackToken::new(&sh.lanes.tracked, lane, hash)),
             guard,
         ),
     }

@@ -106,6 +106,17 @@ where
     gave_up: AtomicBool,
 }
 
+#[cfg(test)]
+impl<K> Serializer<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// The lane a key's submissions go through (tests that need keys sharing a lane).
+    pub(crate) fn lane_of(&self, key: &K) -> usize {
+        self.shared.lanes.index_of(self.shared.hash_of(key))
+    }
+}
+
 impl<K> fmt::Debug for Serializer<K>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,

@@ -24,10 +24,37 @@
 //! a push each, the owner reaches the other keys' items at once, and the hot key's chain runs from
 //! the ready queues under the fairness budget like any chain.
 //!
+//! # Sharing a lane with an idle worker
+//!
+//! A lane is served by one worker at a time, so keys that share a lane share a worker. Keys
+//! hash onto lanes at random (the table's seeded hasher), so a few busy keys can land in one
+//! lane (2 keys on 4 lanes: one time in four) and run on one core while the other has nothing
+//! to do. So every [`SHED_EVERY`] items it pops, a lane's owner looks at its core siblings'
+//! phase words (one load each). If one of them is `IDLE` (its last search found nothing), the
+//! items popped since the last look came from at most [`FEW_KEYS`] keys (hash buckets, one bit
+//! each), at least `4 * fairness_budget` items (a lane's hold) wait in the lane, and no other
+//! lane is `FREE` with items (work the sibling would find by itself), the owner *sheds* the key
+//! of the next item it pops: it moves that item onto the key's chain, as it moves a hot key's
+//! (below, and `route.rs`), and the chain goes onto the owner's deque, from which the idle
+//! sibling steals it (a chain made runnable wakes a sleeper, `sleep.rs`). The key's entry is
+//! marked shed, so its later items follow onto its chain in lane order even when the sibling
+//! has drained the chain meanwhile (a hot key's run directly again once its chain is idle),
+//! until the key is released (`key_idle_timeout` after its chain last drained).
+//!
+//! Nothing else changes, and no new protocol: a shed key is one more tracked key, routed by the
+//! lane's owner alone, whose order `route.rs` keeps (an item that goes onto its key's chain is
+//! always in order; only running one directly needs the chain idle); the shed mark is a hint
+//! that only chooses between those two paths. A lane of many keys is never shed from: its
+//! imbalance is small, and there an idle sibling is mostly one between two bursts of a
+//! submitter that outruns the workers, which finds a lane in a moment (measured: shedding on an
+//! idle sibling alone slowed W2 to 0.55x and W3 to 0.62x; with the few-keys rule no key was shed
+//! in W2, W3 or W5 runs).
+//!
 //! # Runs of direct tasks
 //!
 //! Most items a lane's owner pops run as they are: no deferral for their key, a plain task, no
-//! tracked key in the lane (`route.rs` would return them `Direct` without looking anything up).
+//! tracked key in the lane's bucket of its hash (`route.rs` would return them `Direct` without
+//! looking anything up).
 //! A row of such items runs under one `RUNNING` section of the slot's phase word: the owner
 //! enters `RUNNING` before the first, and between two of them only loads the word for `STOP`,
 //! pops the lane and moves the lane's own word (`begin`, `end`); it leaves `RUNNING` before it
@@ -107,7 +134,7 @@ use keyserial_core::lane::{Ended, Phase, Watch};
 use crate::deferral::Deferral;
 use crate::lane_task::Item;
 use crate::lanes::{POLL, STEAL_AFTER};
-use crate::route::{route, Route};
+use crate::route::{route, Route, Track};
 
 use crate::idle::IdleKeys;
 use crate::key::{KeyEntry, Runnable};
@@ -128,6 +155,15 @@ const NAP_ROUNDS: u32 = 16;
 
 /// An idle worker's nap between two searches (see "Idle workers nap before they sleep").
 const NAP: Duration = Duration::from_micros(20);
+
+/// A lane's owner looks for an idle sibling once every this many items it pops (see "Sharing a
+/// lane with an idle worker").
+const SHED_EVERY: usize = 64;
+
+/// A lane's owner sheds keys only while the items it popped since its last look came from at
+/// most this many keys (hash buckets of 64; see "Sharing a lane with an idle worker"). W2's
+/// lanes (250 keys each) show about 40 in 64 pops; a lane of a few busy keys, a handful.
+const FEW_KEYS: u32 = 16;
 
 /// A worker starts its search at the global queue once every this many looks.
 const GLOBAL_INTERVAL: u32 = 31;
@@ -573,6 +609,11 @@ where
         let (mut ran, mut routed) = (0, 0);
         // The key hash of the last task run here, and how many ran in a row.
         let mut streak = (0u64, 0usize);
+        // Items popped here, and whether the next one's key is shed to an idle sibling (see
+        // "Sharing a lane with an idle worker").
+        let (mut popped, mut shed) = (0usize, false);
+        // The hash buckets of the keys popped since the last look, one bit each.
+        let mut seen_keys = 0u64;
         // Whether the slot is `RUNNING` from the last task to the next (a run is open).
         let mut in_run = false;
         loop {
@@ -595,9 +636,20 @@ where
                 return After::Continue;
             };
             let hash = item.hash;
+            popped += 1;
+            seen_keys |= 1 << ((hash >> 24) % 64);
             // A key that ran `fairness_budget` tasks in a row while others wait in the lane
-            // moves onto its chain (see "Fairness in a lane").
-            let hot = streak.0 == hash && streak.1 >= fair && !lane.queue.is_empty();
+            // moves onto its chain (see "Fairness in a lane"), and so does a key shed to an idle
+            // sibling (see "Sharing a lane with an idle worker").
+            let shed_now = std::mem::take(&mut shed);
+            let hot = shed_now || (streak.0 == hash && streak.1 >= fair && !lane.queue.is_empty());
+            if popped % SHED_EVERY == 0 {
+                let few_keys = std::mem::take(&mut seen_keys).count_ones() <= FEW_KEYS;
+                shed = few_keys
+                    && self.sibling_idle()
+                    && lane.queue.len() >= budget
+                    && !sh.lanes.free_work_except(l);
+            }
             let next_streak = if streak.0 == hash {
                 (hash, streak.1 + 1)
             } else {
@@ -630,7 +682,12 @@ where
                 continue;
             };
             let local = self.owned.as_ref().map(|o| &o.deque);
-            let item = match route(sh, item, hash, local, hot) {
+            let track = match (shed_now, hot) {
+                (true, _) => Track::Shed,
+                (false, true) => Track::Hot,
+                (false, false) => Track::AsIs,
+            };
+            let item = match route(sh, item, hash, local, track) {
                 Route::Direct(item) => item,
                 Route::Queued => {
                     routed += 1;
@@ -647,15 +704,25 @@ where
         }
     }
 
+    /// Whether a core sibling is `IDLE` right now (its last search found nothing): one relaxed
+    /// load per sibling (see "Sharing a lane with an idle worker").
+    fn sibling_idle(&self) -> bool {
+        let sh = self.shared;
+        sh.slots[..sh.config.workers]
+            .iter()
+            .enumerate()
+            .any(|(i, s)| i != self.index && s.phase.is_idle())
+    }
+
     /// Whether the item popped from lane `l` runs as it is, with nothing to look up: no
-    /// deferral for its key, a plain task, no tracked key in the lane (`route.rs` would send it
-    /// `Direct` without touching anything).
+    /// deferral for its key, a plain task, no tracked key in its hash bucket of the lane (`route.rs`
+    /// would send it `Direct` without touching anything).
     #[inline]
     fn runs_directly(&self, l: usize, item: &Item<K>) -> bool {
         let lanes = &self.shared.lanes;
         lanes.get(l).deferrals.passes(item.hash)
             && item.task.kind() == Kind::Plain
-            && !lanes.tracked.any(l)
+            && !lanes.tracked.any(l, item.hash)
     }
 
     /// Leaves the `RUNNING` section of a run; `true` if `shutdown_now` stopped the worker
@@ -783,7 +850,7 @@ where
             };
             let local = self.owned.as_ref().map(|o| &o.deque);
             let hash = item.hash;
-            let item = match route(self.shared, item, hash, local, false) {
+            let item = match route(self.shared, item, hash, local, Track::AsIs) {
                 Route::Direct(item) => item,
                 Route::Queued => continue,
             };
