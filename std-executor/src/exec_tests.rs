@@ -350,10 +350,11 @@ fn keys_sharing_a_lane_are_shared_with_an_idle_worker() {
     }
     assert_eq!(s.stats().panicked, 0);
     // Shed keys run beside the owner's for most of the run; without shedding, two tasks of one
-    // lane overlap only when the owner is descheduled inside one long enough to be robbed.
+    // lane overlap only when the owner is descheduled inside one long enough to be robbed
+    // (measured without it: 0-94 of the 8,000 tasks; the bound is 400).
     let overlapped = overlapped.load(Ordering::Relaxed);
     assert!(
-        overlapped >= tasks * keys.len() / 10,
+        overlapped >= tasks * keys.len() / 20,
         "only {overlapped} of {} tasks ran beside another: the idle worker took no key of the busy lane",
         tasks * keys.len()
     );

@@ -337,8 +337,9 @@ pub(crate) struct Tracked {
 /// Buckets of a lane's tracked count (see [`Tracked`]).
 pub(crate) const BUCKETS: usize = 64;
 
-/// The bucket of key hash `hash`: bits the lane index (the high ones) and the table (the low
-/// ones) do not use.
+/// The bucket of key hash `hash`: bits 24-29, below the lane index's (40 and up), so the keys
+/// of one lane spread over every bucket. (The table's trie reaches these bits only at depth 4,
+/// which costs nothing here: a bucket only filters which items look the table up.)
 #[inline]
 fn bucket(hash: u64) -> usize {
     (hash >> 24) as usize % BUCKETS
