@@ -341,7 +341,7 @@ pub(crate) const BUCKETS: usize = 64;
 /// of one lane spread over every bucket. (The table's trie reaches these bits only at depth 4,
 /// which costs nothing here: a bucket only filters which items look the table up.)
 #[inline]
-fn bucket(hash: u64) -> usize {
+pub(crate) fn bucket(hash: u64) -> usize {
     (hash >> 24) as usize % BUCKETS
 }
 

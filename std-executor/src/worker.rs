@@ -39,7 +39,7 @@
 //! sibling steals it (a chain made runnable wakes a sleeper, `sleep.rs`). The key's entry is
 //! marked shed, so its later items follow onto its chain in lane order even when the sibling
 //! has drained the chain meanwhile (a hot key's run directly again once its chain is idle),
-//! until the key is released (`key_idle_timeout` after its chain last drained).
+//! until the chain retires (`key_idle_timeout` after it last drained).
 //!
 //! Nothing else changes, and no new protocol: a shed key is one more tracked key, routed by the
 //! lane's owner alone, whose order `route.rs` keeps (an item that goes onto its key's chain is
@@ -48,7 +48,7 @@
 //! imbalance is small, and there an idle sibling is mostly one between two bursts of a
 //! submitter that outruns the workers, which finds a lane in a moment (measured: shedding on an
 //! idle sibling alone slowed W2 to 0.55x and W3 to 0.62x; with the few-keys rule no key was shed
-//! in W2, W3 or W5 runs).
+//! in W2, W3, W5 or W6 runs).
 //!
 //! # Runs of direct tasks
 //!
@@ -161,8 +161,9 @@ const NAP: Duration = Duration::from_micros(20);
 const SHED_EVERY: usize = 64;
 
 /// A lane's owner sheds keys only while the items it popped since its last look came from at
-/// most this many keys (hash buckets of 64; see "Sharing a lane with an idle worker"). W2's
-/// lanes (250 keys each) show about 40 in 64 pops; a lane of a few busy keys, a handful.
+/// most this many keys (the tracked counts' 64 hash buckets, `lanes.rs`; see "Sharing a lane
+/// with an idle worker"). W2's lanes (250 keys each) show about 40 in 64 pops; a lane of a few
+/// busy keys, a handful.
 const FEW_KEYS: u32 = 16;
 
 /// A worker starts its search at the global queue once every this many looks.
@@ -637,7 +638,7 @@ where
             };
             let hash = item.hash;
             popped += 1;
-            seen_keys |= 1 << ((hash >> 24) % 64);
+            seen_keys |= 1 << crate::lanes::bucket(hash);
             // A key that ran `fairness_budget` tasks in a row while others wait in the lane
             // moves onto its chain (see "Fairness in a lane"), and so does a key shed to an idle
             // sibling (see "Sharing a lane with an idle worker").
@@ -715,8 +716,8 @@ where
     }
 
     /// Whether the item popped from lane `l` runs as it is, with nothing to look up: no
-    /// deferral for its key, a plain task, no tracked key in its hash bucket of the lane (`route.rs`
-    /// would send it `Direct` without touching anything).
+    /// deferral for its key, a plain task, no tracked key in the lane's bucket of its hash
+    /// (`route.rs` would send it `Direct` without touching anything).
     #[inline]
     fn runs_directly(&self, l: usize, item: &Item<K>) -> bool {
         let lanes = &self.shared.lanes;
