@@ -8,10 +8,10 @@
 //!
 //! - A plain or distinct item **runs directly** on the router's thread if its key is not
 //!   tracked: its lane counts no tracked key in its hash bucket
-//!   ([`Tracked::any`](crate::lanes::Tracked::any)),
-//!   or the key has no entry, or its chain is idle (and the key was not shed to an idle worker,
-//!   whose items all go onto its chain until the chain retires). An idle chain has no owner and nothing queued,
-//!   and only a router of the key pushes onto it, so nothing else of the key can be running: the
+//!   ([`Tracked::any`](crate::lanes::Tracked::any)), or the key has no entry, or its chain is
+//!   idle (and the key was not shed to an idle worker, whose items all go onto its chain until
+//!   the chain retires). An idle chain has no owner and nothing queued, and only a router of
+//!   the key pushes onto it, so nothing else of the key can be running: the
 //!   only task of the key that ran from the lane before is the router's own previous one (a
 //!   deferred key's running task belongs to the deferral's runner, which routes instead), and a
 //!   chain's last task returned before its owner released it (Release on the chain's word, read
