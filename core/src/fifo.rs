@@ -549,6 +549,49 @@ impl<T> Fifo<T> {
         unsafe { self.take(true) }
     }
 
+    /// Calls `f` with the item at the head, if its pusher has finished writing it, and leaves
+    /// it there: the next [`pop`](Self::pop) returns it. A popper looks ahead this way to start
+    /// fetching what the item points to while it still works on the item before (see
+    /// [`crate::prefetch`]); when the item is there, the slot after it is hinted too, so that
+    /// the next look finds its line fetched. (Only then: a slot not yet written may be the one
+    /// a pusher is about to write, and fetching it would take the line away from that pusher.)
+    ///
+    /// # Safety
+    ///
+    /// As [`pop`](Self::pop): only the popper may call it.
+    ///
+    /// ```
+    /// use keyserial_core::fifo::Fifo;
+    /// let q = Fifo::new();
+    /// q.push(5);
+    /// // SAFETY: this thread is the only popper.
+    /// assert_eq!(unsafe { q.peek_with(|v| *v) }, Some(5));
+    /// assert_eq!(unsafe { q.pop() }, Some(5));
+    /// assert_eq!(unsafe { q.peek_with(|v| *v) }, None);
+    /// ```
+    #[inline]
+    pub unsafe fn peek_with<R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
+        let head = self.head.end.index.load(Ordering::Relaxed);
+        let block = self.head.end.block.load(Ordering::Relaxed);
+        let offset = head % LAP;
+        // SAFETY: as in `take`: the head's block is live while the popper (the caller) looks,
+        // and `offset < BLOCK`.
+        let slot = unsafe { &(*block).slots[offset] };
+        if slot.stamp.load(Ordering::Acquire) != head + 1 {
+            return None;
+        }
+        if offset + 1 < BLOCK {
+            // SAFETY: in bounds of the live block (only an address is formed; nothing is read).
+            crate::prefetch::prefetch(unsafe { ptr::addr_of!((*block).slots[offset + 1]) });
+        }
+        Some(slot.value.with(|p| {
+            // SAFETY: the stamp (Acquire) shows the pusher's write, and only the popper (the
+            // caller) reads the slot, which stays unread until its next pop; `f` gets a shared
+            // borrow that ends before the caller can pop.
+            f(unsafe { (*p).assume_init_ref() })
+        }))
+    }
+
     /// `pop`, stocking the spares after a block it empties only if `stock` (not when dropping).
     ///
     /// # Safety
@@ -749,6 +792,35 @@ mod tests {
         }
         assert_eq!(next.to_vec(), got);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn peek_sees_the_next_pop_across_blocks_and_racing_pushers() {
+        let q = Arc::new(Fifo::new());
+        let n = 3 * BLOCK + 5;
+        let pusher = {
+            let q = q.clone();
+            std::thread::spawn(move || (0..n).for_each(|i| q.push(i)))
+        };
+        let mut next = 0;
+        while next < n {
+            // SAFETY: this thread is the only popper.
+            let peeked = unsafe { q.peek_with(|v| *v) };
+            // SAFETY: as above.
+            match (peeked, unsafe { q.pop() }) {
+                (Some(p), popped) => assert_eq!((p, popped), (next, Some(next))),
+                // Not written when we looked; the pop may find it since.
+                (None, Some(v)) => assert_eq!(v, next),
+                (None, None) => {
+                    std::thread::yield_now();
+                    continue;
+                }
+            }
+            next += 1;
+        }
+        pusher.join().unwrap();
+        // SAFETY: as above.
+        assert_eq!(unsafe { q.peek_with(|v| *v) }, None);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! | [`lane`] | a lane's ownership word: one worker pops a shared FIFO; an idle worker takes it from an owner stuck in a task, deferring only that task's key |
 //! | [`fixed`] | [`fixed::FixedSerializer`]: a complete serializer without an allocator (fixed key table, task pool, ready ring) |
 //! | [`pool`] | fixed-capacity node storage with generation counters, for builds without an allocator |
+//! | [`prefetch`] | cache hints: start fetching the next item's slot and data while a task runs |
 //! | [`ready`] | queues where chains that became active wait for a worker (bounded no-alloc, unbounded with `alloc`) |
 //! | [`table`] | (`alloc`) the sharded, lock-free key table with epoch reclamation |
 //! | [`recycle`] | (`alloc`) magazine caches that carry freed blocks back to the allocating thread in batches |
@@ -57,6 +58,7 @@ pub mod fixed;
 pub mod lane;
 pub mod permits;
 pub mod pool;
+pub mod prefetch;
 pub mod ready;
 #[cfg(feature = "alloc")]
 pub mod recycle;

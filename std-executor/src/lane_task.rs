@@ -14,6 +14,16 @@
 //! crossbeam's `SegQueue` (whose slot adds a state word, so 40-byte slots straddled lines) cost
 //! 20% on W2 with pre-boxed tasks; core's `Fifo` aligns its blocks to lines, so each slot is one.
 //!
+//! # Looking ahead
+//!
+//! While a lane's owner runs one item, the next one's task data is usually far away: a
+//! pre-boxed task's box was written by another thread long ago. So after a pop the owner peeks
+//! at the next item and hints its first word's target into the cache ([`LaneTask::prefetch`],
+//! `keyserial_core::prefetch`). For a node that word is the node; for an inline closure it is
+//! whatever it captured first, which for the common task shapes (a boxed closure, an `Arc` or a
+//! reference to shared state) is the pointer its body reads first. A word that is no pointer
+//! costs one dropped hint; a closure smaller than a word is not looked at.
+//!
 //! A task whose key turns out to be tracked (`route.rs`) becomes a node on the way to its chain
 //! ([`LaneTask::into_task`]); the cost falls only on keys that need state.
 
@@ -37,6 +47,8 @@ struct Ops {
     drop: unsafe fn(*mut Words),
     /// The bytes hold a [`TaskRef`] (whose node knows its kind); otherwise a plain closure.
     node: bool,
+    /// The first word is written: worth a [`LaneTask::prefetch`] (see "Looking ahead").
+    first_word: bool,
 }
 
 /// The table of a stored type `T` (see [`Store`]).
@@ -65,6 +77,7 @@ impl<F: FnOnce() + Send + 'static> Store for Inline<F> {
             drop(unsafe { take::<Inline<F>>(p) });
         },
         node: false,
+        first_word: size_of::<F>() >= size_of::<usize>(),
     };
 }
 
@@ -83,6 +96,7 @@ impl Store for TaskRef {
             drop(unsafe { take::<TaskRef>(p) });
         },
         node: true,
+        first_word: true,
     };
 }
 
@@ -149,6 +163,17 @@ impl LaneTask {
         }
     }
 
+    /// Hints the CPU to fetch what the task's first word points to (see "Looking ahead"):
+    /// a node's own line, or the data of a closure that captured a pointer first.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self) {
+        if self.ops.first_word {
+            // SAFETY: `data` is ours, aligned for a word, and its first word was written (a
+            // closure of at least a word, or a `TaskRef`); whatever it holds is only a hint.
+            unsafe { keyserial_core::prefetch::prefetch_pointee(self.data.as_ptr().cast()) };
+        }
+    }
+
     /// The task as a node (an inline closure moves into a new one).
     pub(crate) fn into_task(self) -> TaskRef {
         let mut this = ManuallyDrop::new(self);
@@ -207,6 +232,12 @@ mod tests {
             r.fetch_add(1, Ordering::Relaxed);
         });
         assert!(!t.ops.node);
+        assert!(t.ops.first_word, "it captured two words");
+        assert!(
+            !LaneTask::execute(|| {}).ops.first_word,
+            "nothing to look at"
+        );
+        t.prefetch();
         assert_eq!(t.kind(), Kind::Plain);
         let done = AtomicUsize::new(0);
         assert!(!t.run(&|p| {
@@ -226,7 +257,8 @@ mod tests {
         let t = LaneTask::execute(move || {
             r.fetch_add(big.iter().sum::<u64>() as usize, Ordering::Relaxed);
         });
-        assert!(t.ops.node);
+        assert!(t.ops.node && t.ops.first_word);
+        t.prefetch();
         assert_eq!(t.kind(), Kind::Plain);
         t.into_task().run(None, &|_| {});
         assert_eq!(ran.load(Ordering::Relaxed), 56);

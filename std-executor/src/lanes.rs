@@ -312,6 +312,18 @@ impl<K> Lane<K> {
         unsafe { self.queue.pop() }
     }
 
+    /// Hints the CPU to fetch the next item's task data (`lane_task.rs`, "Looking ahead"),
+    /// if the next item is written.
+    ///
+    /// # Safety
+    ///
+    /// As [`pop`](Self::pop): the caller owns the lane.
+    #[inline(always)]
+    pub(crate) unsafe fn look_ahead(&self) {
+        // SAFETY: the caller owns the lane, so it is the FIFO's only popper.
+        unsafe { self.queue.peek_with(|item| item.task.prefetch()) };
+    }
+
     /// The owner `me` found the lane empty: releases it, then looks once more (see "Waking for
     /// a push"); `true` if an item came meanwhile and `me` owns the lane again.
     pub(crate) fn release_or_keep(&self, me: usize) -> bool {

@@ -636,6 +636,10 @@ where
                 }
                 return After::Continue;
             };
+            // While this item runs, the next one's data comes (`lane_task.rs`, "Looking
+            // ahead").
+            // SAFETY: as for the pop.
+            unsafe { lane.look_ahead() };
             let hash = item.hash;
             popped += 1;
             seen_keys |= 1 << crate::lanes::bucket(hash);
