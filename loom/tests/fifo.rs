@@ -12,6 +12,9 @@
 //! - [`a_third_thread_pops_while_two_pushers_race`]: the same two pushers, and a third thread that
 //!   tries one pop while they race (reading the tail maybe at a gap, maybe waiting for the first
 //!   slot's stamp); the main thread pops the rest after the joins.
+//! - [`a_peek_sees_what_the_next_pop_takes`]: a popper that peeks before each pop (as a lane's
+//!   owner looks ahead) while a pusher pushes across a block install: a peek that sees an item
+//!   sees the one the next pop returns.
 //! - [`popper_turn_handed_over_after_one_pop`] and [`popper_turn_handed_over_after_two_pops`]:
 //!   the right to pop passes from thread A to thread B through a flag (Release store, Acquire
 //!   load), as a lane's ownership does, while a pusher pushes. Items 0, 1 and 2 are queued first
@@ -400,6 +403,46 @@ fn a_third_thread_pops_while_two_pushers_race() {
         &OUTCOMES,
         &names.iter().map(String::as_str).collect::<Vec<_>>(),
     );
+}
+
+#[test]
+fn a_peek_sees_what_the_next_pop_takes() {
+    // A pusher pushes three items (the second block's install, perhaps from the spare the popper
+    // gave up) while the popper peeks before every pop, as a lane's owner looks ahead. A peek
+    // that sees an item sees the one the next pop returns; a peek that sees none is followed by
+    // a pop that may find the item written since, never a different one. Outcomes: a peek saw
+    // an item; a peek saw none.
+    static OUTCOMES: [StdAtomicUsize; 2] = counters!(2);
+    builder().check(|| {
+        let blocks = Blocks::start();
+        let q = blocks.fifo();
+        let pusher = {
+            let q = q.clone();
+            thread::spawn(move || (0..3usize).for_each(|i| q.push(i)))
+        };
+        let mut next = 0;
+        while next < 3 {
+            // SAFETY: this thread is the only popper.
+            let peeked = unsafe { q.peek_with(|v| *v) };
+            count(&OUTCOMES, usize::from(peeked.is_none()));
+            // SAFETY: as above.
+            match (peeked, unsafe { q.pop() }) {
+                (Some(p), popped) => assert_eq!((p, popped), (next, Some(next))),
+                (None, Some(v)) => assert_eq!(v, next),
+                (None, None) => {
+                    thread::yield_now();
+                    continue;
+                }
+            }
+            next += 1;
+        }
+        pusher.join().unwrap();
+        // SAFETY: as above.
+        unsafe { assert_empty(&q) };
+        drop(q);
+        blocks.assert_freed();
+    });
+    assert_all_reached(&OUTCOMES, &["a peek saw an item", "a peek saw none"]);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -174,6 +174,15 @@ impl<T> Fifo<T> {
         item
     }
 
+    /// As `Fifo::peek_with`: `f` on the oldest item, left in place.
+    ///
+    /// # Safety
+    ///
+    /// As [`pop`](Self::pop).
+    pub unsafe fn peek_with<R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
+        crate::sync::lock(&self.items).front().map(f)
+    }
+
     /// Whether it holds no item (a snapshot, without the lock).
     pub fn is_empty(&self) -> bool {
         self.len.load(Ordering::SeqCst) == 0
