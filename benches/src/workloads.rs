@@ -324,23 +324,30 @@ impl Workload {
         }
     }
 
-    /// Runs per row when `compare` is not given `--repeat`: 7 for W4, 3 for the others.
+    /// Runs per row when `compare` is not given `--repeat`: 3 for W1, 7 for the others.
     ///
     /// W4's figure is a p99 of about 20,000 start latencies on a run whose 500 ms are set by
     /// the slow key, so one run's p99 is a handful of the latest starts and moves by 3-4x
     /// between identical runs (on 2 cores: 1.2-7.6 ms for keyserial and 2.5-8.9 ms for tokio
     /// actors over 15 runs, BENCHMARKS.md run S); a median of 3 then names a different
-    /// winner from round to round. The runs are short, so 7 cost about a minute in all.
+    /// winner from round to round. W2, W3, W5 and W6 are runs of about 0.1 s, short enough
+    /// that one time slice of another program on the machine moves them: one row's runs
+    /// spread by up to 40% (W2 boxed, keyserial: 7.17-10.13 M/s in one round of run V, its
+    /// contenders alike), so the median of 3 moved a close ratio from round to round by more
+    /// than any change being measured. W1's runs take a quarter second each and spread by a
+    /// few percent. The runs are short, so the 7 cost a few minutes in all, and every row of a
+    /// workload gets the same number, interleaved (the repeats are the outer loop).
     ///
     /// ```
     /// use keyserial_benches::workloads::{Size, Workload};
     /// assert_eq!(Workload::w4(Size::Default).default_runs(), 7);
-    /// assert_eq!(Workload::w2(Size::Default).default_runs(), 3);
+    /// assert_eq!(Workload::w2(Size::Default).default_runs(), 7);
+    /// assert_eq!(Workload::w1(Size::Default).default_runs(), 3);
     /// ```
     pub fn default_runs(&self) -> usize {
         match self {
-            Workload::HeadOfLine { .. } => 7,
-            _ => 3,
+            Workload::Gatling { .. } => 3,
+            _ => 7,
         }
     }
 
