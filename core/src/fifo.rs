@@ -116,22 +116,32 @@ use crossbeam_utils::{Backoff, CachePadded};
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering, UnsafeCell};
 
 /// Slots per block. A 56-byte item makes 64-byte slots, so a block is 4 KiB.
-#[cfg(not(loom))]
+#[cfg(not(any(loom, miri)))]
 pub const BLOCK: usize = 63;
+/// Slots per block (few under Miri, so that its tests cross many blocks, and refill the spares,
+/// in little interpreted time).
+#[cfg(all(miri, not(loom)))]
+pub const BLOCK: usize = 4;
 /// Slots per block (small under loom, so that the models cross blocks).
 #[cfg(loom)]
 pub const BLOCK: usize = 2;
 
 /// At most this many spare blocks are kept (see "Spare blocks"): 256 KiB of 64-byte slots.
-#[cfg(not(loom))]
+#[cfg(not(any(loom, miri)))]
 pub const SPARES: usize = 64;
+/// At most this many spare blocks are kept (few under Miri, as [`BLOCK`]).
+#[cfg(all(miri, not(loom)))]
+pub const SPARES: usize = 4;
 /// At most this many spare blocks are kept (two under loom, so that the models fill the stack).
 #[cfg(loom)]
 pub const SPARES: usize = 2;
 
 /// The popper keeps at least this many spares (see "Spare blocks").
-#[cfg(not(loom))]
+#[cfg(not(any(loom, miri)))]
 pub const STOCK: usize = 4;
+/// The popper keeps at least this many spares (under Miri: fewer than [`SPARES`], as outside).
+#[cfg(all(miri, not(loom)))]
+pub const STOCK: usize = 2;
 /// The popper keeps at least this many spares: none under loom, where a model's blocks are
 /// counted and installers must also allocate (a stocked block is given like any other).
 #[cfg(loom)]
@@ -878,9 +888,6 @@ mod tests {
     }
 
     #[test]
-    // About 8,600 pushes and pops: minutes under Miri, where `a_reused_block_ignores_its_stale_
-    // stamps` takes the stack's give and take paths instead.
-    #[cfg_attr(miri, ignore)]
     fn spares_are_kept_up_to_the_bound_and_reused() {
         // A backlog of many blocks, drained: at most `SPARES` of its blocks are kept, and a
         // second backlog of that size takes them all back.
