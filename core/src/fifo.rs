@@ -563,12 +563,16 @@ impl<T> Fifo<T> {
     /// it there: the next [`pop`](Self::pop) returns it. A popper looks ahead this way to start
     /// fetching what the item points to while it still works on the item before (see
     /// [`crate::prefetch`]); when the item is there, the slot after it is hinted too, so that
-    /// the next look finds its line fetched. (Only then: a slot not yet written may be the one
-    /// a pusher is about to write, and fetching it would take the line away from that pusher.)
+    /// the next look finds its line fetched. Only then, as a cheap sign of a backlog: while
+    /// items arrive one at a time, the slot after may be the one a pusher is about to write,
+    /// and a read hint would pull its line away from that pusher. (A written head does not
+    /// prove the next slot written; the hint is measured, not guaranteed, to help.)
     ///
     /// # Safety
     ///
-    /// As [`pop`](Self::pop): only the popper may call it.
+    /// As [`pop`](Self::pop): only the popper may call it. And `f`, which borrows the item in
+    /// its slot, must not pop from this FIFO or pass on the popper's turn (either could move the
+    /// item out, or give up its block, while the borrow lives).
     ///
     /// ```
     /// use keyserial_core::fifo::Fifo;
@@ -597,7 +601,8 @@ impl<T> Fifo<T> {
         Some(slot.value.with(|p| {
             // SAFETY: the stamp (Acquire) shows the pusher's write, and only the popper (the
             // caller) reads the slot, which stays unread until its next pop; `f` gets a shared
-            // borrow that ends before the caller can pop.
+            // borrow that ends before the caller pops again (`f` itself may not pop or pass on
+            // the turn: the caller's contract).
             f(unsafe { (*p).assume_init_ref() })
         }))
     }

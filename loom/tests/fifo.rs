@@ -407,21 +407,24 @@ fn a_third_thread_pops_while_two_pushers_race() {
 
 #[test]
 fn a_peek_sees_what_the_next_pop_takes() {
-    // A pusher pushes three items (the second block's install, perhaps from the spare the popper
-    // gave up) while the popper peeks before every pop, as a lane's owner looks ahead. A peek
-    // that sees an item sees the one the next pop returns; a peek that sees none is followed by
-    // a pop that may find the item written since, never a different one. Outcomes: a peek saw
-    // an item; a peek saw none.
-    static OUTCOMES: [StdAtomicUsize; 2] = counters!(2);
+    // A pusher pushes five items (three blocks of two: the third block's install takes the
+    // first block back from the spares if the popper has given it up by then, so a later peek
+    // reads slots whose stamps are left from their first use) while the popper peeks before
+    // every pop, as a lane's owner looks ahead. A peek that sees an item sees the one the next
+    // pop returns; a peek that sees none is followed by a pop that may find the item written
+    // since, never a different one. Outcomes: a peek saw an item; a peek saw none; the third
+    // block was the spare; the third block was new.
+    const N: usize = 5;
+    static OUTCOMES: [StdAtomicUsize; 4] = counters!(4);
     builder().check(|| {
         let blocks = Blocks::start();
         let q = blocks.fifo();
         let pusher = {
             let q = q.clone();
-            thread::spawn(move || (0..3usize).for_each(|i| q.push(i)))
+            thread::spawn(move || (0..N).for_each(|i| q.push(i)))
         };
         let mut next = 0;
-        while next < 3 {
+        while next < N {
             // SAFETY: this thread is the only popper.
             let peeked = unsafe { q.peek_with(|v| *v) };
             count(&OUTCOMES, usize::from(peeked.is_none()));
@@ -439,10 +442,19 @@ fn a_peek_sees_what_the_next_pop_takes() {
         pusher.join().unwrap();
         // SAFETY: as above.
         unsafe { assert_empty(&q) };
+        count(&OUTCOMES, if blocks.made() == 2 { 2 } else { 3 });
         drop(q);
         blocks.assert_freed();
     });
-    assert_all_reached(&OUTCOMES, &["a peek saw an item", "a peek saw none"]);
+    assert_all_reached(
+        &OUTCOMES,
+        &[
+            "a peek saw an item",
+            "a peek saw none",
+            "the third block was the spare",
+            "the third block was new",
+        ],
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -20,9 +20,10 @@
 //! pre-boxed task's box was written by another thread long ago. So after a pop the owner peeks
 //! at the next item and hints its first word's target into the cache ([`LaneTask::prefetch`],
 //! `keyserial_core::prefetch`). For a node that word is the node; for an inline closure it is
-//! whatever it captured first, which for the common task shapes (a boxed closure, an `Arc` or a
-//! reference to shared state) is the pointer its body reads first. A word that is no pointer
-//! costs one dropped hint; a closure smaller than a word is not looked at.
+//! whatever lies in its first word (Rust does not fix a closure's layout), which for the common
+//! task shapes (a boxed closure, an `Arc` or a reference to shared state) is the pointer its
+//! body reads first. A word that is no pointer (a number, padding) costs one dropped hint; a
+//! closure smaller than a word is not looked at.
 //!
 //! A task whose key turns out to be tracked (`route.rs`) becomes a node on the way to its chain
 //! ([`LaneTask::into_task`]); the cost falls only on keys that need state.
@@ -47,7 +48,7 @@ struct Ops {
     drop: unsafe fn(*mut Words),
     /// The bytes hold a [`TaskRef`] (whose node knows its kind); otherwise a plain closure.
     node: bool,
-    /// The first word is written: worth a [`LaneTask::prefetch`] (see "Looking ahead").
+    /// The task fills at least a word: worth a [`LaneTask::prefetch`] (see "Looking ahead").
     first_word: bool,
 }
 
@@ -168,8 +169,9 @@ impl LaneTask {
     #[inline(always)]
     pub(crate) fn prefetch(&self) {
         if self.ops.first_word {
-            // SAFETY: `data` is ours, aligned for a word, and its first word was written (a
-            // closure of at least a word, or a `TaskRef`); whatever it holds is only a hint.
+            // SAFETY: `data` is four word-aligned words of our own, so its first word is in
+            // bounds and aligned; `prefetch_pointee` allows bytes that are padding or were
+            // never written, and uses the value only as the address of a hint.
             unsafe { keyserial_core::prefetch::prefetch_pointee(self.data.as_ptr().cast()) };
         }
     }
