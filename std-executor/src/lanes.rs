@@ -329,7 +329,8 @@ impl<K> Lane<K> {
     /// As [`pop`](Self::pop): the caller owns the lane.
     #[inline(always)]
     pub(crate) unsafe fn look_ahead(&self) {
-        // SAFETY: the caller owns the lane, so it is the FIFO's only popper.
+        // SAFETY: the caller owns the lane, so it is the FIFO's only popper; the closure only
+        // hints the cache (it neither pops nor passes the lane on).
         unsafe { self.queue.peek_with(|item| item.task.prefetch()) };
     }
 
