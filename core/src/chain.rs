@@ -133,6 +133,7 @@ use core::fmt;
 use core::marker::PhantomData;
 use core::ptr::{self, NonNull};
 
+use crate::prefetch::prefetch;
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering, UnsafeCell};
 
 /// Bit 0 of the state word: the chain has an owner.
@@ -1326,18 +1327,4 @@ mod tests {
         assert_eq!(drains, activations.load(O::Relaxed));
         assert!(chain.is_idle());
     }
-}
-
-/// Asks the CPU to start fetching the cache line at `p` (x86-64 only; nothing under Miri or loom,
-/// or on other targets). A hint: it never faults and changes no program state, whatever `p` is.
-#[inline(always)]
-fn prefetch<T>(p: *const T) {
-    #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
-    // SAFETY: a prefetch never faults and has no effect on the program's state, whatever the
-    // address (null included); SSE is part of the x86-64 baseline.
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast())
-    };
-    #[cfg(not(all(target_arch = "x86_64", not(miri), not(loom))))]
-    let _ = p;
 }

@@ -87,6 +87,11 @@
 //!   old head only thinks the FIFO is longer than it is). After the last slot of a block the popper follows `next`
 //!   (stored before that slot was written), skips the gap, and gives the old block to the spares
 //!   (or frees it, when they are full).
+//! - **Peek** (only the popper, [`Fifo::peek_with`]). Read the head's slot as a pop does (its
+//!   stamp Acquire, equal to `head + 1`, or nothing), lend the item to the caller's closure, and
+//!   move nothing: no head store, no block given up. The item stays for the next pop, which
+//!   reads the same stamp; the closure may neither pop nor pass the turn, so the borrowed slot
+//!   and its block outlive it. Loom: `a_peek_sees_what_the_next_pop_takes`.
 //!
 //! # Why nothing is lost, doubled or freed early
 //!
@@ -113,6 +118,7 @@ use core::ptr;
 
 use crossbeam_utils::{Backoff, CachePadded};
 
+use crate::prefetch::{prefetch, prefetch_write};
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering, UnsafeCell};
 
 /// Slots per block. A 56-byte item makes 64-byte slots, so a block is 4 KiB.
@@ -450,8 +456,10 @@ impl<T> Fifo<T> {
                     if offset + 1 < BLOCK {
                         // The next push's slot: ask for its line now, so that its write does
                         // not wait for the line to leave the popper's cache.
-                        // SAFETY: `block` is live (above); a prefetch reads nothing.
-                        prefetch_write(unsafe { ptr::addr_of!((*block).slots[offset + 1]) });
+                        // SAFETY: `block` is live (above) and `offset + 1 < BLOCK`: an address
+                        // in bounds; nothing is read.
+                        let next_slot = unsafe { ptr::addr_of!((*block).slots[offset + 1]) };
+                        prefetch_write(next_slot);
                     }
                     // SAFETY: as above, `block` is live until the popper has read slot
                     // `offset`, which is ours alone: the CAS reserved it, and the popper reads
@@ -595,8 +603,10 @@ impl<T> Fifo<T> {
             return None;
         }
         if offset + 1 < BLOCK {
-            // SAFETY: in bounds of the live block (only an address is formed; nothing is read).
-            crate::prefetch::prefetch(unsafe { ptr::addr_of!((*block).slots[offset + 1]) });
+            // SAFETY: the head's block is live and `offset + 1 < BLOCK`: an address in bounds;
+            // nothing is read.
+            let next_slot = unsafe { ptr::addr_of!((*block).slots[offset + 1]) };
+            prefetch(next_slot);
         }
         Some(slot.value.with(|p| {
             // SAFETY: the stamp (Acquire) shows the pusher's write, and only the popper (the
@@ -696,26 +706,6 @@ impl<T> Fifo<T> {
 /// How many slots come before position `index`.
 fn slots_before(index: usize) -> usize {
     index / LAP * BLOCK + (index % LAP).min(BLOCK)
-}
-
-/// Asks the CPU to bring the line at `p` into this core's cache for writing (a hint: it reads
-/// and writes nothing, so any address is fine; a no-op where there is no such instruction).
-#[inline(always)]
-fn prefetch_write<U>(p: *const U) {
-    // (`_mm_prefetch` with the write hint compiles to a plain read prefetch unless the crate is
-    // built for `prfchw`, hence the instruction itself.)
-    #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
-    // SAFETY: `prefetchw` changes neither memory nor registers nor flags, and does not fault on
-    // any address (x86-64 CPUs without it run it as a no-op: it is in the reserved-NOP space).
-    unsafe {
-        core::arch::asm!(
-            "prefetchw [{p}]",
-            p = in(reg) p,
-            options(nostack, preserves_flags, readonly)
-        )
-    };
-    #[cfg(not(all(target_arch = "x86_64", not(miri), not(loom))))]
-    let _ = p;
 }
 
 /// Aborts the process if dropped during unwinding (a panic while panicking aborts): held across

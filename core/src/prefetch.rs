@@ -10,41 +10,62 @@
 //! loop fell from 606 to 345 samples.
 //!
 //! A hint changes no value and never faults, even for an address that maps nothing (the CPU
-//! drops it), so [`prefetch`] is safe for any pointer. [`prefetch_pointee`] reads a word to
-//! learn its address, so it must be allowed to read that word. On targets without a prefetch
-//! instruction we know (anything but x86-64 and AArch64), and under Miri, both do nothing.
+//! drops it), so the crate's own `prefetch` and `prefetch_write` take any pointer (they are
+//! crate-private: the FIFO and the chain hint their own lines). [`prefetch_pointee`] reads a word
+//! to learn its address, so it must be allowed to read that word; it is public for executors
+//! that look ahead into their own items, as keyserial's lanes do. On targets without a prefetch
+//! instruction we know (anything but x86-64 and AArch64), under Miri and under loom, all three
+//! do nothing.
 
 use core::mem::MaybeUninit;
 
 /// Hints the CPU to fetch the cache line holding `p` for reading. No effect on the program's
 /// meaning, never faults, whatever `p` is.
-///
-/// ```
-/// let data = [1u64; 8];
-/// keyserial_core::prefetch::prefetch(data.as_ptr());
-/// assert_eq!(data[0], 1);
-/// ```
 #[inline(always)]
-pub fn prefetch<T>(p: *const T) {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
+pub(crate) fn prefetch<T>(p: *const T) {
+    #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
     // SAFETY: `prefetcht0` only hints the cache: it reads no register but `p`, writes nothing,
     // and does not fault for any address.
     unsafe {
         core::arch::asm!("prefetcht0 byte ptr [{p}]", p = in(reg) p,
             options(nostack, readonly, preserves_flags));
     }
-    #[cfg(all(target_arch = "aarch64", not(miri)))]
+    #[cfg(all(target_arch = "aarch64", not(miri), not(loom)))]
     // SAFETY: as above, for `prfm` (a hint that never faults).
     unsafe {
         core::arch::asm!("prfm pldl1keep, [{p}]", p = in(reg) p,
             options(nostack, readonly, preserves_flags));
     }
-    #[cfg(any(miri, not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
+    #[cfg(any(miri, loom, not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
+    let _ = p;
+}
+
+/// Hints the CPU to bring the line holding `p` into this core's cache for writing, as
+/// [`prefetch`] (any address is fine).
+#[inline(always)]
+#[cfg_attr(not(feature = "alloc"), allow(dead_code))] // only the FIFO (`alloc`) writes ahead
+pub(crate) fn prefetch_write<T>(p: *const T) {
+    // (`_mm_prefetch` with the write hint compiles to a plain read prefetch unless the crate is
+    // built for `prfchw`, hence the instruction itself.)
+    #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
+    // SAFETY: `prefetchw` changes neither memory nor registers nor flags, and does not fault on
+    // any address (x86-64 CPUs without it run it as a no-op: it is in the reserved-NOP space).
+    unsafe {
+        core::arch::asm!("prefetchw [{p}]", p = in(reg) p,
+            options(nostack, preserves_flags, readonly));
+    }
+    #[cfg(all(target_arch = "aarch64", not(miri), not(loom)))]
+    // SAFETY: as above, for `prfm` with the store hint.
+    unsafe {
+        core::arch::asm!("prfm pstl1keep, [{p}]", p = in(reg) p,
+            options(nostack, readonly, preserves_flags));
+    }
+    #[cfg(any(miri, loom, not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
     let _ = p;
 }
 
 /// Reads the word at `word` and hints the CPU to fetch the line it points to, as
-/// [`prefetch`]: for data reached through a pointer stored in a slot (a task's first captured
+/// a read hint: for data reached through a pointer stored in a slot (a task's first captured
 /// word, which for a boxed or `Arc`'d closure is its data). The word may hold anything, even
 /// a value that is no address or bytes never written: it is only used as a hint, inside one
 /// instruction sequence, and never reaches Rust code.
@@ -63,19 +84,19 @@ pub fn prefetch<T>(p: *const T) {
 /// ```
 #[inline(always)]
 pub unsafe fn prefetch_pointee(word: *const MaybeUninit<usize>) {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    #[cfg(all(target_arch = "x86_64", not(miri), not(loom)))]
     // SAFETY: the caller lets us read the word; the loaded value only feeds the hint, which
     // writes nothing and does not fault for any address.
     unsafe {
         core::arch::asm!("mov {t}, qword ptr [{w}]", "prefetcht0 byte ptr [{t}]",
             w = in(reg) word, t = out(reg) _, options(nostack, readonly, preserves_flags));
     }
-    #[cfg(all(target_arch = "aarch64", not(miri)))]
+    #[cfg(all(target_arch = "aarch64", not(miri), not(loom)))]
     // SAFETY: as above, for `ldr` and `prfm`.
     unsafe {
         core::arch::asm!("ldr {t}, [{w}]", "prfm pldl1keep, [{t}]",
             w = in(reg) word, t = out(reg) _, options(nostack, readonly, preserves_flags));
     }
-    #[cfg(any(miri, not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
+    #[cfg(any(miri, loom, not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
     let _ = word;
 }
