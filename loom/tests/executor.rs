@@ -176,3 +176,54 @@ fn capacity_release_wakes_a_blocked_submitter() {
         assert!(!cap.try_reserve(), "and it holds it");
     });
 }
+
+#[test]
+fn capacity_each_release_wakes_one_of_two_blocked_submitters() {
+    // Both slots held, two submitters block (spin, then sleep), two slots are freed: each release
+    // wakes one sleeper (notify_one), and both get through, whatever the interleaving (the second
+    // release may come while the first woken waiter is still registered).
+    loom::model(|| {
+        let cap = Arc::new(Capacity::new(2));
+        assert!(cap.try_reserve() && cap.try_reserve());
+        let blocked: Vec<_> = (0..2)
+            .map(|_| {
+                let c = cap.clone();
+                thread::spawn(move || c.reserve(|| false))
+            })
+            .collect();
+        cap.release();
+        cap.release();
+        for b in blocked {
+            assert!(
+                b.join().unwrap(),
+                "every blocked submitter got a freed slot"
+            );
+        }
+        assert!(!cap.try_reserve(), "and they hold both");
+    });
+}
+
+#[test]
+fn capacity_shutdown_wakes_every_blocked_submitter() {
+    // The only slot is held; two submitters block; shutdown sets its flag and wakes all: each
+    // gives up (no slot taken), none sleeps on.
+    loom::model(|| {
+        let cap = Arc::new(Capacity::new(1));
+        assert!(cap.try_reserve());
+        let shut = Arc::new(AtomicBool::new(false));
+        let blocked: Vec<_> = (0..2)
+            .map(|_| {
+                let (c, s) = (cap.clone(), shut.clone());
+                thread::spawn(move || c.reserve(|| s.fetch_or(false, Ordering::SeqCst)))
+            })
+            .collect();
+        shut.fetch_or(true, Ordering::SeqCst);
+        cap.wake_all();
+        for b in blocked {
+            assert!(
+                !b.join().unwrap(),
+                "a blocked submitter gives up at shutdown"
+            );
+        }
+    });
+}

@@ -6,20 +6,38 @@
 //! Only RMWs touch it:
 //!
 //! - **reserve** (submit): CAS `queued + 1` while `queued < capacity`. Over capacity, a blocking
-//!   submitter locks the mutex, CASes `waiters + 1` *only if still full* (else retries reserve),
-//!   and waits on the condvar; when woken it CASes `waiters - 1` under the lock and retries.
+//!   submitter first *spins*: it retries the CAS between the steps of an exponential backoff
+//!   that ends in a few `yield_now`s (crossbeam's `Backoff`), since a slot comes free each time
+//!   a worker starts a task, usually within microseconds. Only then does it sleep: it locks the
+//!   mutex, CASes `waiters + 1` *only if still full* (else retries reserve), and waits on the
+//!   condvar; when woken it CASes `waiters - 1` under the lock and retries from the top.
 //! - **release** (a task started, was dropped or handed back): `prev = fetch_sub(1)`; if `prev`
-//!   shows waiters, lock the mutex and `notify_all`.
+//!   shows waiters, lock the mutex and wake **one** of them: one slot came free, so one waiter
+//!   can use it (rayon's rule for sleepers, here for submitters). Waking every waiter for each
+//!   slot made them all take the mutex, one win and the rest sleep again: with `capacity(10)` and
+//!   4 submitters, most of a run's time went to the kernel.
 //!
 //! A waiter registers (RMW) under the lock and waits atomically releasing it; a releaser's
 //! `fetch_sub` either precedes the registration (then the registering CAS sees room and does not
 //! wait) or follows it (then it sees `waiters > 0` and notifies under the lock, after the waiter
-//! is inside `wait`). So no wakeup is lost. Shutdown notifies all waiters, who then see the gate
-//! closed.
+//! is inside `wait`). So every slot freed while someone sleeps wakes a sleeper, and no wakeup is
+//! lost:
+//!
+//! - Two slots freed while two submitters sleep wake both: the second release still counts the
+//!   first waiter (it unregisters only after it wakes), so it notifies too, and a condvar's
+//!   `notify_one` wakes a thread still blocked in `wait`, not the one already woken.
+//! - A woken waiter may find its slot already taken by a submitter that never slept, and sleeps
+//!   again: the slot went to a submitter all the same, so no freed slot is left unused while
+//!   someone sleeps.
+//! - A waiter that leaves without a slot (`give_up`: shutdown) may have taken a wakeup meant for a
+//!   slot; shutdown wakes every waiter ([`Capacity::wake_all`]) and each of them gives up too.
+//!   A wait also ends after 100 ms without a wakeup, a safety net that no path relies on.
+//!
+//! Loom: `loom/tests/executor.rs` (`capacity_*`).
 
 use std::time::Duration;
 
-use crate::sync::{lock, AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{lock, snooze, AtomicU64, Condvar, Mutex, Ordering};
 
 const QUEUED_MASK: u64 = (1 << 40) - 1;
 const WAITER: u64 = 1 << 40;
@@ -67,11 +85,21 @@ impl Capacity {
     /// Returns whether a slot was taken.
     pub fn reserve(&self, give_up: impl Fn() -> bool) -> bool {
         loop {
-            if self.try_reserve() {
-                return true;
-            }
-            if give_up() {
-                return false;
+            // Spin first (see "Protocol"): a slot is usually freed within microseconds.
+            let backoff = crossbeam_utils::Backoff::new();
+            let mut rounds = 0;
+            loop {
+                if self.try_reserve() {
+                    return true;
+                }
+                if give_up() {
+                    return false;
+                }
+                if spun_enough(&backoff, rounds) {
+                    break;
+                }
+                snooze(&backoff);
+                rounds += 1;
             }
             let guard = lock(&self.mutex);
             // Register as a waiter only while still full.
@@ -119,7 +147,7 @@ impl Capacity {
         debug_assert!(prev & QUEUED_MASK > 0);
         if prev >= WAITER {
             let _g = lock(&self.mutex);
-            self.cond.notify_all();
+            self.cond.notify_one();
         }
     }
 
@@ -127,6 +155,23 @@ impl Capacity {
     pub fn wake_all(&self) {
         let _g = lock(&self.mutex);
         self.cond.notify_all();
+    }
+}
+
+/// Whether a blocked submitter has spun long enough to sleep: until crossbeam's backoff is
+/// completed (its spins, then a few `yield_now`s), or, under loom, after one round, so that the
+/// models reach the sleep without exploring every round of a spin that only retries
+/// `try_reserve`.
+fn spun_enough(backoff: &crossbeam_utils::Backoff, rounds: u32) -> bool {
+    #[cfg(not(loom))]
+    {
+        let _ = rounds;
+        backoff.is_completed()
+    }
+    #[cfg(loom)]
+    {
+        let _ = backoff;
+        rounds >= 1
     }
 }
 
@@ -149,6 +194,32 @@ mod tests {
         c.release();
         c.release();
         assert!(c.try_reserve());
+    }
+
+    #[test]
+    fn each_release_lets_one_blocked_submitter_through() {
+        let c = Arc::new(Capacity::new(1));
+        assert!(c.try_reserve());
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let c = c.clone();
+                std::thread::spawn(move || c.reserve(|| false))
+            })
+            .collect();
+        // Let them spin out and sleep; then free the slot, wait until one of them holds it, and
+        // free it again (a task of the one that got through starting), three times.
+        std::thread::sleep(Duration::from_millis(20));
+        let queued = || c.word.load(Ordering::Acquire) & QUEUED_MASK;
+        for _ in 0..3 {
+            c.release();
+            while queued() == 0 {
+                std::thread::yield_now();
+            }
+        }
+        for w in waiters {
+            assert!(w.join().unwrap(), "every blocked submitter got a slot");
+        }
+        assert!(!c.try_reserve(), "the last one still holds the slot");
     }
 
     #[test]
