@@ -204,6 +204,33 @@ fn capacity_each_release_wakes_one_of_two_blocked_submitters() {
 }
 
 #[test]
+fn capacity_a_barged_sleeper_is_woken_by_the_next_release() {
+    // The only slot is held and a submitter blocks. The slot is freed, but another submitter
+    // that never slept may take it first (and free it again when "its task starts"): the
+    // sleeper, woken for a slot it then finds taken, sleeps again and is woken by that second
+    // release. Whatever the order, both get through and nobody sleeps on.
+    loom::model(|| {
+        let cap = Arc::new(Capacity::new(1));
+        assert!(cap.try_reserve());
+        let c = cap.clone();
+        let blocked = thread::spawn(move || c.reserve(|| false));
+        let c = cap.clone();
+        let barger = thread::spawn(move || {
+            if c.try_reserve() {
+                c.release();
+                true
+            } else {
+                false
+            }
+        });
+        cap.release();
+        barger.join().unwrap();
+        assert!(blocked.join().unwrap(), "the sleeper got a slot");
+        assert!(!cap.try_reserve(), "and holds it");
+    });
+}
+
+#[test]
 fn capacity_shutdown_wakes_every_blocked_submitter() {
     // The only slot is held; two submitters block; shutdown sets its flag and wakes all: each
     // gives up (no slot taken), none sleeps on.

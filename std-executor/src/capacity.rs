@@ -19,8 +19,9 @@
 //!
 //! A waiter registers (RMW) under the lock and waits atomically releasing it; a releaser's
 //! `fetch_sub` either precedes the registration (then the registering CAS sees room and does not
-//! wait) or follows it (then it sees `waiters > 0` and notifies under the lock, after the waiter
-//! is inside `wait`). So every slot freed while someone sleeps wakes a sleeper, and no wakeup is
+//! wait, unless another submitter took that room first, in which case the slot was used) or
+//! follows it (then it sees `waiters > 0` and notifies under the lock, after the waiter is
+//! inside `wait`). So every slot freed while someone sleeps wakes a sleeper, and no wakeup is
 //! lost:
 //!
 //! - Two slots freed while two submitters sleep wake both: the second release still counts the
@@ -29,9 +30,12 @@
 //! - A woken waiter may find its slot already taken by a submitter that never slept, and sleeps
 //!   again: the slot went to a submitter all the same, so no freed slot is left unused while
 //!   someone sleeps.
-//! - A waiter that leaves without a slot (`give_up`: shutdown) may have taken a wakeup meant for a
-//!   slot; shutdown wakes every waiter ([`Capacity::wake_all`]) and each of them gives up too.
-//!   A wait also ends after 100 ms without a wakeup, a safety net that no path relies on.
+//! - Whichever way a wait ends (a wakeup, the timeout, both at once), the waiter tries for a slot
+//!   before anything else, so a wakeup it absorbed still fills the slot. It gives up (`give_up`:
+//!   shutdown) only after a failed try, having just seen the queue full: it leaves with no
+//!   slot's wakeup. Shutdown wakes every sleeper ([`Capacity::wake_all`]) so that each sees
+//!   `give_up`. A wait also ends after 100 ms without a wakeup, a safety net that no path
+//!   relies on.
 //!
 //! Loom: `loom/tests/executor.rs` (`capacity_*`).
 
@@ -81,8 +85,8 @@ impl Capacity {
         self.word.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Blocks until a slot is taken or `give_up()` returns `true` (checked after every wakeup).
-    /// Returns whether a slot was taken.
+    /// Blocks until a slot is taken or `give_up()` returns `true` (checked after each failed try:
+    /// every spin step, and after every wakeup). Returns whether a slot was taken.
     pub fn reserve(&self, give_up: impl Fn() -> bool) -> bool {
         loop {
             // Spin first (see "Protocol"): a slot is usually freed within microseconds.
