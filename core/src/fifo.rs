@@ -609,10 +609,9 @@ impl<T> Fifo<T> {
             prefetch(next_slot);
         }
         Some(slot.value.with(|p| {
-            // SAFETY: the stamp (Acquire) shows the pusher's write, and only the popper (the
-            // caller) reads the slot, which stays unread until its next pop; `f` gets a shared
-            // borrow that ends before the caller pops again (`f` itself may not pop or pass on
-            // the turn: the caller's contract).
+            // SAFETY: the stamp (Acquire) shows the pusher's write; only the popper (the caller)
+            // reads the slot, unread until its next pop, and `f`'s shared borrow ends before that
+            // (`f` may neither pop nor pass on the turn: the caller's contract).
             f(unsafe { (*p).assume_init_ref() })
         }))
     }
