@@ -177,6 +177,20 @@ fn capacity_release_wakes_a_blocked_submitter() {
     });
 }
 
+/// Two submitters that block on `cap` (held full), each giving up when `give_up` says so;
+/// each thread returns whether it got a slot.
+fn blocked_submitters(
+    cap: &Arc<Capacity>,
+    give_up: impl Fn() -> bool + Clone + Send + 'static,
+) -> Vec<thread::JoinHandle<bool>> {
+    (0..2)
+        .map(|_| {
+            let (c, g) = (cap.clone(), give_up.clone());
+            thread::spawn(move || c.reserve(g))
+        })
+        .collect()
+}
+
 #[test]
 fn capacity_each_release_wakes_one_of_two_blocked_submitters() {
     // Both slots held, two submitters block (spin, then sleep), two slots are freed: each release
@@ -185,12 +199,7 @@ fn capacity_each_release_wakes_one_of_two_blocked_submitters() {
     loom::model(|| {
         let cap = Arc::new(Capacity::new(2));
         assert!(cap.try_reserve() && cap.try_reserve());
-        let blocked: Vec<_> = (0..2)
-            .map(|_| {
-                let c = cap.clone();
-                thread::spawn(move || c.reserve(|| false))
-            })
-            .collect();
+        let blocked = blocked_submitters(&cap, || false);
         cap.release();
         cap.release();
         for b in blocked {
@@ -218,9 +227,6 @@ fn capacity_a_barged_sleeper_is_woken_by_the_next_release() {
         let barger = thread::spawn(move || {
             if c.try_reserve() {
                 c.release();
-                true
-            } else {
-                false
             }
         });
         cap.release();
@@ -238,12 +244,8 @@ fn capacity_shutdown_wakes_every_blocked_submitter() {
         let cap = Arc::new(Capacity::new(1));
         assert!(cap.try_reserve());
         let shut = Arc::new(AtomicBool::new(false));
-        let blocked: Vec<_> = (0..2)
-            .map(|_| {
-                let (c, s) = (cap.clone(), shut.clone());
-                thread::spawn(move || c.reserve(|| s.fetch_or(false, Ordering::SeqCst)))
-            })
-            .collect();
+        let s = shut.clone();
+        let blocked = blocked_submitters(&cap, move || s.fetch_or(false, Ordering::SeqCst));
         shut.fetch_or(true, Ordering::SeqCst);
         cap.wake_all();
         for b in blocked {
