@@ -398,7 +398,39 @@ impl<T> Fifo<T> {
     /// Reserves the next slot (see "Protocol"): returns it and the stamp that marks it written,
     /// or `None` once the FIFO is closed. Lock-free except that a pusher waits while another
     /// one, which took a block's last slot, installs the next block (two stores).
+    ///
+    /// Inline, the common case: an open FIFO, a slot that is not its block's last, and a CAS
+    /// that succeeds at the first try. Anything else starts over in
+    /// [`reserve_slow`](Self::reserve_slow), out of line.
+    #[inline]
     fn reserve(&self) -> Option<(&Slot<T>, usize)> {
+        let tail = self.tail.end.index.load(Ordering::Acquire);
+        let block = self.tail.end.block.load(Ordering::Acquire);
+        let offset = tail % LAP;
+        if tail & CLOSED == 0
+            && offset + 1 < BLOCK
+            && self
+                .tail
+                .end
+                .index
+                .compare_exchange_weak(tail, tail + 1, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+        {
+            // SAFETY: our CAS from `tail` succeeded, so `block` is `tail`'s block (module docs),
+            // live until the popper has read slot `offset`; `offset + 1 < BLOCK` is in bounds.
+            let next_slot = unsafe { ptr::addr_of!((*block).slots[offset + 1]) };
+            // The next push's slot: ask for its line now (as in `reserve_slow`).
+            prefetch_write(next_slot);
+            // SAFETY: as above; slot `offset` is ours alone until we store its stamp.
+            return Some((unsafe { &(*block).slots[offset] }, tail + 1));
+        }
+        self.reserve_slow()
+    }
+
+    /// [`reserve`](Self::reserve) from the start, every case: a closed FIFO, a block's last
+    /// slot (whose taker installs the next block), the gap, and CASes that fail.
+    #[inline(never)]
+    fn reserve_slow(&self) -> Option<(&Slot<T>, usize)> {
         let backoff = Backoff::new();
         let mut tail = self.tail.end.index.load(Ordering::Acquire);
         let mut block = self.tail.end.block.load(Ordering::Acquire);

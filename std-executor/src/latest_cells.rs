@@ -133,9 +133,16 @@ impl<K: Hash + Eq + Clone> LatestCells<K> {
     /// key's pending one.
     #[inline]
     pub(crate) fn seal(&self, hash: u64) {
-        if self.len.load(Ordering::SeqCst) == 0 {
-            return;
+        if self.len.load(Ordering::SeqCst) != 0 {
+            self.seal_pending(hash);
         }
+    }
+
+    /// `seal` while some latest task is pending (out of line: a serializer that never takes
+    /// a latest task pays only `seal`'s load per submission).
+    #[cold]
+    #[inline(never)]
+    fn seal_pending(&self, hash: u64) {
         if let Some(bucket) = lock(self.shard(hash)).remove(&hash) {
             self.len.fetch_sub(bucket.len(), Ordering::SeqCst);
         }
