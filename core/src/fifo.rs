@@ -64,6 +64,10 @@
 //!     not unwind: the popper waits for the slot, so an unwinding `make` aborts), then
 //!     `stamp = p + 1` (Release). That store is the pusher's last access to the block.
 //!
+//!   The common case (an open FIFO, a slot that is not its block's last, a CAS that succeeds
+//!   at once) is inline in every push; any other case starts over from the first read, out of
+//!   line (`reserve_slow`).
+//!
 //!   Why the block a pusher read is the right one: the tail block is stored *before* the
 //!   position enters its lap, so a pusher that read position `p` (Acquire) reads that lap's
 //!   block or a later one; a later one means the position moved on, and then its CAS from `p`
