@@ -17,6 +17,11 @@
 //! only grow, so a stamp left from an earlier use of the block never matches, and a block can be
 //! used again without clearing it.
 //!
+//! A block starts at a cache line, so that a 64-byte slot is one line. Its allocation asks only
+//! for the block's own alignment, plus room to move it up to the next line boundary (`base`
+//! remembers where the allocation starts): a plain `malloc` with glibc, which serves a larger
+//! alignment through `memalign`, splitting a bigger chunk and freeing its unaligned head.
+//!
 //! # Spare blocks
 //!
 //! The popper does not free the blocks it empties: it pushes them onto a stack of *spares*
@@ -24,6 +29,16 @@
 //! take their next block from there. A queue that drains and fills in bursts then allocates only
 //! when its backlog grows past what it held before: no allocator call (and, with glibc, no
 //! large-request path that merges every small chunk freed since) per block in the steady state.
+//!
+//! A block the popper empties while the spares are full goes to its *excess list* (`excess`,
+//! the popper's alone, linked through `next`), which it frees when it next finds the FIFO
+//! empty: the blocks of a backlog are handed back all at once, after the backlog, not one per
+//! [`BLOCK`] items while it drains. With glibc each of those frees merges the block with its
+//! free neighbours, and once the merged chunk reaches 64 KiB it sweeps every small chunk freed
+//! into that arena since the last sweep (the boxed tasks the workers freed): measured, half
+//! the allocator's time on the workers while a boxed backlog drained (BENCHMARKS.md, run AA).
+//! The popper also stocks the spares from the excess list before it allocates. A FIFO so holds
+//! at most its peak backlog's blocks until it is next found empty, and [`SPARES`] blocks after.
 //!
 //! - **Givers push** (any thread): write the block's `next` (the stack below it), then CAS the
 //!   top to the block (Release). The givers are the popper, with a block it emptied, and a
@@ -116,6 +131,7 @@
 //! The model in `loom/tests/fifo.rs` runs this code with 2-slot blocks: pushers racing each other
 //! across block installs, against a popper, and the popper's turn handed between threads.
 
+#[cfg(loom)]
 use alloc::boxed::Box;
 use core::mem::MaybeUninit;
 use core::ptr;
@@ -125,7 +141,7 @@ use crossbeam_utils::{Backoff, CachePadded};
 use crate::prefetch::{prefetch, prefetch_write};
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering, UnsafeCell};
 
-/// Slots per block. A 56-byte item makes 64-byte slots, so a block is 4 KiB.
+/// Slots per block. A 56-byte item makes 64-byte slots, so a block is about 4 KiB.
 #[cfg(not(any(loom, miri)))]
 pub const BLOCK: usize = 63;
 /// Slots per block (few under Miri, so that its tests cross many blocks, and refill the spares,
@@ -170,29 +186,64 @@ struct Slot<T> {
     value: UnsafeCell<MaybeUninit<T>>,
 }
 
-#[repr(C, align(64))]
+/// A cache line: where a block's slots start (see "Layout").
+#[cfg(not(loom))]
+const LINE: usize = 64;
+
+// Under loom a block is a `Box` aligned to a line, which is how loom/tests/fifo.rs counts them.
+#[repr(C)]
+#[cfg_attr(loom, repr(align(64)))]
 struct Block<T> {
     slots: [Slot<T>; BLOCK],
     next: AtomicPtr<Block<T>>,
+    /// Where the allocation starts: the block itself starts up to `LINE - 1` bytes after it,
+    /// at the first line boundary.
+    #[cfg(not(loom))]
+    base: *mut u8,
 }
 
 impl<T> Block<T> {
-    /// A new block, on the heap: every stamp 0, no `next`.
+    /// The layout of a block's allocation: the block and room to move it to a line boundary.
+    #[cfg(not(loom))]
+    fn layout() -> core::alloc::Layout {
+        let align = core::mem::align_of::<Block<T>>();
+        let slack = LINE.saturating_sub(align);
+        let size = core::mem::size_of::<Block<T>>() + slack;
+        match core::alloc::Layout::from_size_align(size, align) {
+            Ok(layout) => layout,
+            Err(_) => panic!("a FIFO block of {size} bytes"),
+        }
+    }
+
+    /// A new block, on the heap, starting at a line boundary: every stamp 0, no `next`.
     #[cfg(not(loom))]
     fn alloc() -> *mut Block<T> {
-        let layout = core::alloc::Layout::new::<Block<T>>();
+        let layout = Self::layout();
         // SAFETY: `Block` is never zero-sized (it has a `next` pointer).
-        let p = unsafe { alloc::alloc::alloc(layout) }.cast::<Block<T>>();
-        if p.is_null() {
+        let base = unsafe { alloc::alloc::alloc(layout) };
+        if base.is_null() {
             alloc::alloc::handle_alloc_error(layout);
         }
+        // The first line boundary at or after `base`, unless the block's own alignment is a
+        // line or more (then `base` is aligned already and there is no slack).
+        let shift = if layout.align() >= LINE {
+            0
+        } else {
+            (base as usize).wrapping_neg() & (LINE - 1)
+        };
+        // SAFETY: `shift <= LINE - align`, the slack the layout added after the block, so the
+        // block fits in the allocation from `base + shift`; `base + shift` stays aligned for
+        // `Block` (both `base` and a line boundary are).
+        let p = unsafe { base.add(shift) }.cast::<Block<T>>();
         for i in 0..BLOCK {
-            // SAFETY: `p` is a fresh allocation with `Block`'s layout; only the stamps and
-            // `next` need values (the items are `MaybeUninit`).
+            // SAFETY: `p` is in a fresh allocation, aligned and with room for a `Block`; only
+            // the stamps, `next` and `base` need values (the items are `MaybeUninit`).
             unsafe { ptr::addr_of_mut!((*p).slots[i].stamp).write(AtomicUsize::new(0)) };
         }
         // SAFETY: as above.
         unsafe { ptr::addr_of_mut!((*p).next).write(AtomicPtr::new(ptr::null_mut())) };
+        // SAFETY: as above.
+        unsafe { ptr::addr_of_mut!((*p).base).write(base) };
         p
     }
 
@@ -213,8 +264,21 @@ impl<T> Block<T> {
     /// # Safety
     ///
     /// `block` came from [`Block::alloc`] and nobody uses it any more.
+    #[cfg(not(loom))]
     unsafe fn free(block: *mut Block<T>) {
-        // SAFETY: the caller's contract; `alloc` made it with `Block`'s layout (either way).
+        // SAFETY: the caller's contract: `alloc` wrote `base`, the start of the allocation it
+        // made with `layout()`.
+        unsafe { alloc::alloc::dealloc((*block).base, Self::layout()) };
+    }
+
+    /// Frees `block`.
+    ///
+    /// # Safety
+    ///
+    /// `block` came from [`Block::alloc`] and nobody uses it any more.
+    #[cfg(loom)]
+    unsafe fn free(block: *mut Block<T>) {
+        // SAFETY: the caller's contract; under loom `alloc` made it with `Box`.
         drop(unsafe { Box::from_raw(block) });
     }
 }
@@ -229,6 +293,9 @@ struct End<T> {
 struct Head<T> {
     end: End<T>,
     tail_seen: AtomicUsize,
+    /// Blocks the popper emptied while the spares were full, linked through `next`: the
+    /// popper's alone, freed when it next finds the FIFO empty (see "Spare blocks").
+    excess: AtomicPtr<Block<T>>,
 }
 
 /// The tail, and the stack of spare blocks (see "Spare blocks").
@@ -288,6 +355,7 @@ impl<T> Fifo<T> {
                     block: AtomicPtr::new(block),
                 },
                 tail_seen: AtomicUsize::new(0),
+                excess: AtomicPtr::new(ptr::null_mut()),
             }),
             tail: CachePadded::new(Tail {
                 end: End {
@@ -544,14 +612,66 @@ impl<T> Fifo<T> {
         top
     }
 
-    /// The popper, after giving up a block: tops the spares up to [`STOCK`] with new blocks, so
-    /// that a backlog that grows faster than the popper empties blocks finds blocks allocated
-    /// here rather than on the pushers' thread (see "Spare blocks").
+    /// The popper, after giving up a block: tops the spares up to [`STOCK`], with its excess
+    /// blocks first and then new ones, so that a backlog that grows faster than the popper
+    /// empties blocks finds blocks allocated here rather than on the pushers' thread (see
+    /// "Spare blocks").
+    ///
+    /// # Safety
+    ///
+    /// The caller is the popper (the excess list is its alone).
     #[cfg_attr(loom, allow(clippy::absurd_extreme_comparisons))] // `STOCK` is 0 under loom
-    fn stock_spares(&self) {
+    unsafe fn stock_spares(&self) {
         while self.tail.spare_count.load(Ordering::Relaxed) < STOCK {
-            // SAFETY: a new block, used by nobody.
-            unsafe { self.give_block(Block::alloc()) };
+            let excess = self.head.excess.load(Ordering::Relaxed);
+            let block = if excess.is_null() {
+                Block::alloc()
+            } else {
+                // SAFETY: the excess list is the popper's alone and holds live blocks that
+                // nobody else refers to; each one's `next` is the one below it.
+                let below = unsafe { (*excess).next.load(Ordering::Relaxed) };
+                self.head.excess.store(below, Ordering::Relaxed);
+                excess
+            };
+            // SAFETY: a new block, or one from the excess list: used by nobody.
+            unsafe { self.give_block(block) };
+        }
+    }
+
+    /// The popper's block `block`, which it emptied: to the spares, or, when they are full, to
+    /// the excess list, freed once the FIFO is found empty (see "Spare blocks").
+    ///
+    /// # Safety
+    ///
+    /// The caller is the popper, and nobody uses `block` any more.
+    unsafe fn retire(&self, block: *mut Block<T>) {
+        if self.tail.spare_count.load(Ordering::Relaxed) < SPARES {
+            // SAFETY: the caller's contract.
+            unsafe { self.give_block(block) };
+            return;
+        }
+        let below = self.head.excess.load(Ordering::Relaxed);
+        // SAFETY: nobody else refers to `block` (the caller's contract).
+        unsafe { (*block).next.store(below, Ordering::Relaxed) };
+        self.head.excess.store(block, Ordering::Relaxed);
+    }
+
+    /// Frees the excess list (see "Spare blocks").
+    ///
+    /// # Safety
+    ///
+    /// The caller is the popper, or the FIFO's owner in `drop`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_excess(&self) {
+        let mut block = self.head.excess.swap(ptr::null_mut(), Ordering::Relaxed);
+        while !block.is_null() {
+            // SAFETY: the excess list's blocks are live and referred to by nobody else; each
+            // one's `next` is the one below it.
+            let below = unsafe { (*block).next.load(Ordering::Relaxed) };
+            // SAFETY: as above; off the list now.
+            unsafe { Block::free(block) };
+            block = below;
         }
     }
 
@@ -676,6 +796,12 @@ impl<T> Fifo<T> {
             // Not written: reserved by a pusher still writing it, or not reserved at all.
             let tail = self.tail.end.index.load(Ordering::Acquire) & !CLOSED;
             if head == tail {
+                if stock && !self.head.excess.load(Ordering::Relaxed).is_null() {
+                    // The popper found the FIFO empty: the backlog that filled the excess list
+                    // is gone.
+                    // SAFETY: the popper (the caller's contract).
+                    unsafe { self.free_excess() };
+                }
                 return None;
             }
             debug_assert!(head < tail, "the head passed the tail");
@@ -699,10 +825,11 @@ impl<T> Fifo<T> {
             self.head.end.index.store(head + 2, Ordering::Release);
             // SAFETY: every slot of `block` was read, so every pusher of it has finished
             // (module docs), the tail points past it, and the head now points to `next`: nobody
-            // refers to it.
-            unsafe { self.give_block(block) };
+            // refers to it. We are the popper (the caller's contract).
+            unsafe { self.retire(block) };
             if stock {
-                self.stock_spares();
+                // SAFETY: the popper.
+                unsafe { self.stock_spares() };
             }
         } else {
             self.head.end.index.store(head + 1, Ordering::Release);
@@ -769,6 +896,8 @@ impl<T> Drop for Fifo<T> {
         // SAFETY: `&mut self`: no other thread pushes or pops any more.
         // (Without stocking: the spares are about to be freed.)
         while unsafe { self.take(false) }.is_some() {}
+        // SAFETY: as above.
+        unsafe { self.free_excess() };
         // Empty: the head and the tail share one block, which nobody else refers to.
         let block = self.head.end.block.load(Ordering::Relaxed);
         // SAFETY: allocated by `Block::alloc`, live (`pop` never gives up the head's block),
@@ -919,19 +1048,39 @@ mod tests {
 
     #[test]
     fn spares_are_kept_up_to_the_bound_and_reused() {
-        // A backlog of many blocks, drained: at most `SPARES` of its blocks are kept, and a
-        // second backlog of that size takes them all back.
+        // A backlog of many blocks, drained: `SPARES` of its blocks are kept as spares, the
+        // rest wait on the excess list until the popper finds the FIFO empty, and a second
+        // backlog of that size takes the spares back.
         let q = Fifo::new();
         let n = (SPARES + 4) * BLOCK;
+        let excess_len = |q: &Fifo<usize>| {
+            let (mut len, mut b) = (0, q.head.excess.load(Ordering::Relaxed));
+            while !b.is_null() {
+                len += 1;
+                // SAFETY: on the excess list, live; nobody pushes or pops meanwhile.
+                b = unsafe { (*b).next.load(Ordering::Relaxed) };
+            }
+            len
+        };
         let round = |q: &Fifo<usize>| {
             (0..n).for_each(|i| q.push(i));
             for i in 0..n {
                 // SAFETY: the only popper.
                 assert_eq!(unsafe { q.pop() }, Some(i));
             }
+            // Every block but the head's was given up: the spares are full, the rest waits.
+            assert_eq!(q.tail.spare_count.load(Ordering::Relaxed), SPARES);
+            // (At least: blocks the popper stocked and nobody took are given up too.)
+            assert!(
+                excess_len(q) >= n / BLOCK - SPARES,
+                "{} excess blocks",
+                excess_len(q)
+            );
+            // SAFETY: the only popper.
+            assert_eq!(unsafe { q.pop() }, None);
+            assert_eq!(excess_len(q), 0, "found empty: the excess list is freed");
         };
         round(&q);
-        assert_eq!(q.tail.spare_count.load(Ordering::Relaxed), SPARES);
         let mut height = 0;
         let mut top = q.tail.spares.load(Ordering::Relaxed);
         while !top.is_null() {
@@ -943,6 +1092,21 @@ mod tests {
         round(&q);
         assert_eq!(q.tail.spare_count.load(Ordering::Relaxed), SPARES);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_dropped_fifo_frees_its_excess_blocks() {
+        // Dropped with a drained backlog's blocks still on the excess list (Miri reports a
+        // leak if any block is not freed).
+        let q = Fifo::new();
+        let n = (SPARES + 2) * BLOCK + 1;
+        (0..n).for_each(|i| q.push(i));
+        for i in 0..n - 1 {
+            // SAFETY: the only popper.
+            assert_eq!(unsafe { q.pop() }, Some(i));
+        }
+        assert!(!q.head.excess.load(Ordering::Relaxed).is_null());
+        drop(q);
     }
 
     #[test]

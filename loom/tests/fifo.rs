@@ -24,6 +24,10 @@
 //!   starting in the second), B the rest. Each popper gets exactly its share, in order. `pop`
 //!   reads the head's position and block and the tail it saw last `Relaxed`, so this checks that
 //!   the turn alone carries them.
+//! - [`the_excess_list_passes_with_the_popper_turn`]: popper A gives up a block while the spares
+//!   are full, so it goes to A's excess list (the popper's alone, `Relaxed`), and passes the turn
+//!   to B while a pusher pushes; B's pop that finds the FIFO empty frees the list. B sees A's
+//!   list (no block leaks) and frees it once.
 //! - [`push_vs_emptiness_check`] and [`push_vs_popper_going_idle`]: the pairing a lane's wake
 //!   protocol relies on (Dekker). A pusher does `push; fence(SeqCst); read F`; the other thread
 //!   does `F = true; fence(SeqCst); is_empty()`. Never both "F was false" and "empty" while the
@@ -119,7 +123,7 @@ fn builder() -> loom::model::Builder {
 // ---------------------------------------------------------------------------------------------
 // Block accounting.
 
-/// The alignment of a FIFO block (`#[repr(C, align(64))] struct Block`).
+/// The alignment of a FIFO block under loom (`#[cfg_attr(loom, repr(align(64)))] struct Block`).
 const BLOCK_ALIGN: usize = 64;
 
 thread_local! {
@@ -192,6 +196,11 @@ impl Blocks {
             live: LIVE_BLOCKS.with(Cell::get),
             made: BLOCKS_MADE.with(Cell::get),
         }
+    }
+
+    /// Blocks live now that were not live at the start.
+    fn live(&self) -> isize {
+        LIVE_BLOCKS.with(Cell::get) - self.live
     }
 
     /// Blocks allocated since the start.
@@ -543,6 +552,76 @@ fn popper_turn_handed_over_after_two_pops() {
     static OUTCOMES: [StdAtomicUsize; 4] = counters!(4);
     popper_turn_handed_over(2, &OUTCOMES);
     assert_all_reached(&OUTCOMES, &HANDOFF_OUTCOMES);
+}
+
+/// The excess list travels with the popper's turn. Items 0 to 5 are queued on the main thread
+/// (three full blocks; the fourth installed), which pops 0 to 3, giving up two blocks: the spares
+/// are full (`SPARES` is 2 under loom). Then popper A pops 4 and 5 (queued: it never waits) and
+/// gives up the third block to its excess list, a `Relaxed` pointer only the popper touches,
+/// and passes the turn to popper B (Release store, Acquire load), while a pusher pushes 6 (the
+/// fourth block's first slot). B pops 6 (waiting for the pusher, or not) and then finds the
+/// FIFO empty, which frees the excess list: B must see A's list (else the block leaks) and free
+/// it once (else the allocator aborts). Checked before the drop: only the head's block and the
+/// two spares are still live.
+#[test]
+fn the_excess_list_passes_with_the_popper_turn() {
+    static OUTCOMES: [StdAtomicUsize; 2] = counters!(2);
+    const QUEUED: usize = 6;
+    const BY_MAIN: usize = 4;
+    builder().check(|| {
+        let blocks = Blocks::start();
+        let q = blocks.fifo();
+        (0..QUEUED).for_each(|i| q.push(i));
+        for i in 0..BY_MAIN {
+            // SAFETY: the only popper until the threads start.
+            assert_eq!(unsafe { q.pop() }, Some(i));
+        }
+        let turn = Arc::new(AtomicBool::new(false));
+        let pusher = {
+            let q = q.clone();
+            thread::spawn(move || q.push(QUEUED))
+        };
+        let a = {
+            let (q, turn) = (q.clone(), turn.clone());
+            thread::spawn(move || {
+                // SAFETY: A holds the turn until it stores it below.
+                let got: Vec<_> = (BY_MAIN..QUEUED).map(|_| unsafe { q.pop() }).collect();
+                turn.store(true, Ordering::Release);
+                got
+            })
+        };
+        let b = {
+            let (q, turn) = (q.clone(), turn.clone());
+            thread::spawn(move || {
+                while !turn.load(Ordering::Acquire) {
+                    thread::yield_now();
+                }
+                // SAFETY: B holds the turn now (A's Release store, B's Acquire load).
+                let (got, waited) = unsafe { pop_n(&q, 1) };
+                // SAFETY: as above. Empty: this pop frees the excess list.
+                let last = unsafe { q.pop() };
+                (got, waited, last)
+            })
+        };
+        pusher.join().unwrap();
+        let got_a = a.join().unwrap();
+        let (got_b, waited, last) = b.join().unwrap();
+        assert_eq!(
+            got_a,
+            (BY_MAIN..QUEUED).map(Some).collect::<Vec<_>>(),
+            "A's pops"
+        );
+        assert_eq!((got_b, last), (vec![QUEUED], None), "B's pops");
+        assert_eq!(
+            blocks.live(),
+            3,
+            "the head's block and two spares, no excess"
+        );
+        drop(q);
+        blocks.assert_freed();
+        count(&OUTCOMES, usize::from(waited));
+    });
+    assert_all_reached(&OUTCOMES, &["B never waited", "B waited for the pusher"]);
 }
 
 // ---------------------------------------------------------------------------------------------
