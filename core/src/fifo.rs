@@ -19,8 +19,9 @@
 //!
 //! A block starts at a cache line, so that a 64-byte slot is one line. Its allocation asks only
 //! for the block's own alignment, plus room to move it up to the next line boundary (`base`
-//! remembers where the allocation starts): a plain `malloc` with glibc, which serves a larger
-//! alignment through `memalign`, splitting a bigger chunk and freeing its unaligned head.
+//! remembers where the allocation starts). With the system allocator and an item aligned to at
+//! most 16 bytes that is a plain `malloc`, where glibc serves a line's alignment through
+//! `memalign`, splitting a bigger chunk and freeing its unaligned head.
 //!
 //! # Spare blocks
 //!
@@ -31,14 +32,17 @@
 //! large-request path that merges every small chunk freed since) per block in the steady state.
 //!
 //! A block the popper empties while the spares are full goes to its *excess list* (`excess`,
-//! the popper's alone, linked through `next`), which it frees when it next finds the FIFO
-//! empty: the blocks of a backlog are handed back all at once, after the backlog, not one per
-//! [`BLOCK`] items while it drains. With glibc each of those frees merges the block with its
+//! the popper's alone, linked through `next`, at most [`EXCESS`] blocks; past that it is freed),
+//! which it frees when it next finds the FIFO empty: the blocks of a backlog are handed back all
+//! at once, after the backlog, not one per [`BLOCK`] items while it drains. With glibc each of those frees merges the block with its
 //! free neighbours, and once the merged chunk reaches 64 KiB it sweeps every small chunk freed
 //! into that arena since the last sweep (the boxed tasks the workers freed): measured, half
 //! the allocator's time on the workers while a boxed backlog drained (BENCHMARKS.md, run AA).
-//! The popper also stocks the spares from the excess list before it allocates. A FIFO so holds
-//! at most its peak backlog's blocks until it is next found empty, and [`SPARES`] blocks after.
+//! While the excess list has blocks, the popper tops the spares up from it to [`SPARES`] (not
+//! only to [`STOCK`]) after each block it gives up, so that a backlog that grows again reuses
+//! them. A FIFO so holds the blocks in use, at most [`SPARES`] spares, and at most [`EXCESS`]
+//! excess blocks until it is next found empty; the pop that finds it empty frees up to
+//! [`EXCESS`] blocks in one go.
 //!
 //! - **Givers push** (any thread): write the block's `next` (the stack below it), then CAS the
 //!   top to the block (Release). The givers are the popper, with a block it emptied, and a
@@ -52,9 +56,10 @@
 //!   ABA. (A pusher that sees an empty stack before its CAS allocates before it, as an
 //!   installer's wait holds up every pusher of the lane; if it then loses, it gives the block.)
 //! - `spare_count` counts the stack (raised before a give's CAS, lowered after a take's), so the
-//!   stack stays near [`SPARES`]: a give past it frees the block instead.
-//! - **The popper stocks it:** after giving up a block it allocates new ones until the stack
-//!   holds [`STOCK`]. So a growing backlog takes blocks allocated on the popper's thread, and the
+//!   stack stays near [`SPARES`]: past it, the popper puts the block on its excess list (or frees
+//!   it, when that is full too), and a pusher frees the block it lost an install with.
+//! - **The popper stocks it:** after giving up a block it moves excess blocks to the stack, up to
+//!   [`SPARES`], and then allocates new ones until the stack holds [`STOCK`]. So a growing backlog takes blocks allocated on the popper's thread, and the
 //!   pushers' thread rarely allocates at all. That matters with glibc: a request of a block's
 //!   size takes its arena's large-request path, which first merges every small chunk freed into
 //!   that arena since the last such request. A submitter's arena collects exactly those (the
@@ -105,7 +110,7 @@
 //!   are visible), read the item, and advance the head (a Release store: a reader that sees the
 //!   old head only thinks the FIFO is longer than it is). After the last slot of a block the popper follows `next`
 //!   (stored before that slot was written), skips the gap, and gives the old block to the spares
-//!   (or frees it, when they are full).
+//!   (or, when they are full, to its excess list, or frees it; see "Spare blocks").
 //! - **Peek** (only the popper, [`Fifo::peek_with`]). Read the head's slot as a pop does (its
 //!   stamp Acquire, equal to `head + 1`, or nothing), lend the item to the caller's closure, and
 //!   move nothing: no head store, no block given up. The item stays for the next pop, which
@@ -119,10 +124,12 @@
 //! - Per pusher, its items take increasing positions; the popper reads positions in order. So
 //!   the pop order is the order in which the CASes succeeded, which respects each thread's push
 //!   order (and any order established between pushes by happens-before).
-//! - A block is given up (to the spares, or freed) by the popper after it read every slot of
-//!   the block, that is after every pusher of the block stored its stamp (its last access). A
-//!   pusher whose CAS failed never touched the block. So nobody uses a block after it is given
-//!   up, until an installer takes it from the spares (Acquire) and links it in as new.
+//! - A block is given up (to the spares, to the popper's excess list, or freed) by the popper
+//!   after it read every slot of the block, that is after every pusher of the block stored its
+//!   stamp (its last access). A pusher whose CAS failed never touched the block. So nobody uses
+//!   a block after it is given up, until an installer takes it from the spares (Acquire) and
+//!   links it in as new. The excess list is touched by the popper alone, whose turn passes with
+//!   Release/Acquire, so its `Relaxed` loads and stores need nothing more.
 //! - Emptiness, [`Fifo::is_empty`]: two `SeqCst` loads (head, then tail). A push's reserving CAS
 //!   is `SeqCst` too, so a thread that fences `SeqCst` after its push
 //!   and a thread that fences before its emptiness check cannot both miss each other (the lane's
@@ -173,6 +180,18 @@ pub const STOCK: usize = 2;
 #[cfg(loom)]
 pub const STOCK: usize = 0;
 
+/// At most this many blocks wait on the popper's excess list (see "Spare blocks"): 4 MiB of
+/// 64-byte slots.
+#[cfg(not(any(loom, miri)))]
+pub const EXCESS: usize = 1024;
+/// At most this many blocks wait on the popper's excess list (few under Miri, as [`BLOCK`]).
+#[cfg(all(miri, not(loom)))]
+pub const EXCESS: usize = 4;
+/// At most this many blocks wait on the popper's excess list (under loom: one, so that a model
+/// reaches the bound).
+#[cfg(loom)]
+pub const EXCESS: usize = 1;
+
 /// Positions per block: the slots and the gap.
 const LAP: usize = BLOCK + 1;
 
@@ -219,7 +238,7 @@ impl<T> Block<T> {
     #[cfg(not(loom))]
     fn alloc() -> *mut Block<T> {
         let layout = Self::layout();
-        // SAFETY: `Block` is never zero-sized (it has a `next` pointer).
+        // SAFETY: the layout's size is not zero (a `Block` has a `next` pointer).
         let base = unsafe { alloc::alloc::alloc(layout) };
         if base.is_null() {
             alloc::alloc::handle_alloc_error(layout);
@@ -231,9 +250,9 @@ impl<T> Block<T> {
         } else {
             (base as usize).wrapping_neg() & (LINE - 1)
         };
-        // SAFETY: `shift <= LINE - align`, the slack the layout added after the block, so the
-        // block fits in the allocation from `base + shift`; `base + shift` stays aligned for
-        // `Block` (both `base` and a line boundary are).
+        // SAFETY: `base` and the next line boundary are both multiples of `align` (a power of
+        // two below `LINE`), so `shift <= LINE - align`, the room the layout added after the
+        // block: the block fits in the allocation from `base + shift`, aligned for `Block`.
         let p = unsafe { base.add(shift) }.cast::<Block<T>>();
         for i in 0..BLOCK {
             // SAFETY: `p` is in a fresh allocation, aligned and with room for a `Block`; only
@@ -296,6 +315,8 @@ struct Head<T> {
     /// Blocks the popper emptied while the spares were full, linked through `next`: the
     /// popper's alone, freed when it next finds the FIFO empty (see "Spare blocks").
     excess: AtomicPtr<Block<T>>,
+    /// How many blocks the excess list holds (the popper's alone).
+    excess_len: AtomicUsize,
 }
 
 /// The tail, and the stack of spare blocks (see "Spare blocks").
@@ -356,6 +377,7 @@ impl<T> Fifo<T> {
                 },
                 tail_seen: AtomicUsize::new(0),
                 excess: AtomicPtr::new(ptr::null_mut()),
+                excess_len: AtomicUsize::new(0),
             }),
             tail: CachePadded::new(Tail {
                 end: End {
@@ -612,41 +634,48 @@ impl<T> Fifo<T> {
         top
     }
 
-    /// The popper, after giving up a block: tops the spares up to [`STOCK`], with its excess
-    /// blocks first and then new ones, so that a backlog that grows faster than the popper
-    /// empties blocks finds blocks allocated here rather than on the pushers' thread (see
-    /// "Spare blocks").
+    /// The popper, after giving up a block: tops the spares up from its excess list to
+    /// [`SPARES`], then with new blocks to [`STOCK`], so that a backlog that grows faster than
+    /// the popper empties blocks finds blocks kept or allocated here rather than allocated on
+    /// the pushers' thread (see "Spare blocks").
     ///
     /// # Safety
     ///
     /// The caller is the popper (the excess list is its alone).
     #[cfg_attr(loom, allow(clippy::absurd_extreme_comparisons))] // `STOCK` is 0 under loom
     unsafe fn stock_spares(&self) {
-        while self.tail.spare_count.load(Ordering::Relaxed) < STOCK {
+        loop {
+            let spares = self.tail.spare_count.load(Ordering::Relaxed);
             let excess = self.head.excess.load(Ordering::Relaxed);
-            let block = if excess.is_null() {
-                Block::alloc()
-            } else {
+            let block = if !excess.is_null() && spares < SPARES {
                 // SAFETY: the excess list is the popper's alone and holds live blocks that
                 // nobody else refers to; each one's `next` is the one below it.
                 let below = unsafe { (*excess).next.load(Ordering::Relaxed) };
                 self.head.excess.store(below, Ordering::Relaxed);
+                let len = self.head.excess_len.load(Ordering::Relaxed);
+                self.head.excess_len.store(len - 1, Ordering::Relaxed);
                 excess
+            } else if spares < STOCK {
+                Block::alloc()
+            } else {
+                return;
             };
-            // SAFETY: a new block, or one from the excess list: used by nobody.
+            // SAFETY: a new block, or one off the excess list: used by nobody.
             unsafe { self.give_block(block) };
         }
     }
 
-    /// The popper's block `block`, which it emptied: to the spares, or, when they are full, to
-    /// the excess list, freed once the FIFO is found empty (see "Spare blocks").
+    /// The popper's block `block`, which it emptied: to the spares; when they are full, to the
+    /// excess list, freed once the FIFO is found empty; when that is full too, freed (see
+    /// "Spare blocks").
     ///
     /// # Safety
     ///
     /// The caller is the popper, and nobody uses `block` any more.
     unsafe fn retire(&self, block: *mut Block<T>) {
-        if self.tail.spare_count.load(Ordering::Relaxed) < SPARES {
-            // SAFETY: the caller's contract.
+        let len = self.head.excess_len.load(Ordering::Relaxed);
+        if self.tail.spare_count.load(Ordering::Relaxed) < SPARES || len >= EXCESS {
+            // SAFETY: the caller's contract (`give_block` frees it if the spares are full).
             unsafe { self.give_block(block) };
             return;
         }
@@ -654,6 +683,7 @@ impl<T> Fifo<T> {
         // SAFETY: nobody else refers to `block` (the caller's contract).
         unsafe { (*block).next.store(below, Ordering::Relaxed) };
         self.head.excess.store(block, Ordering::Relaxed);
+        self.head.excess_len.store(len + 1, Ordering::Relaxed);
     }
 
     /// Frees the excess list (see "Spare blocks").
@@ -664,6 +694,7 @@ impl<T> Fifo<T> {
     #[cold]
     #[inline(never)]
     unsafe fn free_excess(&self) {
+        self.head.excess_len.store(0, Ordering::Relaxed);
         let mut block = self.head.excess.swap(ptr::null_mut(), Ordering::Relaxed);
         while !block.is_null() {
             // SAFETY: the excess list's blocks are live and referred to by nobody else; each
@@ -1092,6 +1123,60 @@ mod tests {
         round(&q);
         assert_eq!(q.tail.spare_count.load(Ordering::Relaxed), SPARES);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn the_excess_list_is_bounded_and_refills_the_spares() {
+        // A backlog of more blocks than the spares and the excess list hold together: the
+        // excess list stops at `EXCESS` (the rest is freed as before).
+        let q = Fifo::new();
+        let n = (SPARES + EXCESS + 3) * BLOCK;
+        (0..n).for_each(|i| q.push(i));
+        for i in 0..n - 1 {
+            // SAFETY: the only popper.
+            assert_eq!(unsafe { q.pop() }, Some(i));
+        }
+        assert_eq!(q.head.excess_len.load(Ordering::Relaxed), EXCESS);
+        assert_eq!(q.tail.spare_count.load(Ordering::Relaxed), SPARES);
+        // A new burst before the FIFO is found empty: the installers take spares, and each
+        // block the popper gives up tops the spares up from the excess list again.
+        let burst = (SPARES / 2 + 1) * BLOCK;
+        (n..n + burst).for_each(|i| q.push(i));
+        let spares = q.tail.spare_count.load(Ordering::Relaxed);
+        assert!(spares < SPARES, "{spares} spares");
+        for i in n - 1..n - 1 + BLOCK {
+            // SAFETY: the only popper.
+            assert_eq!(unsafe { q.pop() }, Some(i));
+        }
+        assert_eq!(q.tail.spare_count.load(Ordering::Relaxed), SPARES);
+        assert!(q.head.excess_len.load(Ordering::Relaxed) < EXCESS);
+        for i in n - 1 + BLOCK..n + burst {
+            // SAFETY: the only popper.
+            assert_eq!(unsafe { q.pop() }, Some(i));
+        }
+        // SAFETY: the only popper.
+        assert_eq!(unsafe { q.pop() }, None);
+        assert_eq!(q.head.excess_len.load(Ordering::Relaxed), 0);
+        assert!(q.head.excess.load(Ordering::Relaxed).is_null());
+    }
+
+    #[test]
+    fn blocks_start_at_a_line_whatever_the_item() {
+        #[repr(align(128))]
+        struct Wide(#[allow(dead_code)] u8);
+        fn check<T>(make: impl Fn(usize) -> T) {
+            let q = Fifo::new();
+            // Several blocks, so that several allocations are looked at.
+            for i in 0..3 * BLOCK {
+                q.push(make(i));
+                let block = q.tail.end.block.load(Ordering::Relaxed) as usize;
+                assert_eq!(block % LINE, 0, "a block at {block:#x}");
+                assert_eq!(block % core::mem::align_of::<Block<T>>(), 0);
+            }
+        }
+        check(|i| i as u8);
+        check(|i| [i as u8; 56]);
+        check(|i| Wide(i as u8));
     }
 
     #[test]

@@ -26,8 +26,8 @@
 //!   the turn alone carries them.
 //! - [`the_excess_list_passes_with_the_popper_turn`]: popper A gives up a block while the spares
 //!   are full, so it goes to A's excess list (the popper's alone, `Relaxed`), and passes the turn
-//!   to B while a pusher pushes; B's pop that finds the FIFO empty frees the list. B sees A's
-//!   list (no block leaks) and frees it once.
+//!   to B while a pusher pushes; the first of B's pops that finds the FIFO empty frees the list.
+//!   B sees A's list (no block leaks) and frees it once.
 //! - [`push_vs_emptiness_check`] and [`push_vs_popper_going_idle`]: the pairing a lane's wake
 //!   protocol relies on (Dekker). A pusher does `push; fence(SeqCst); read F`; the other thread
 //!   does `F = true; fence(SeqCst); is_empty()`. Never both "F was false" and "empty" while the
@@ -559,9 +559,10 @@ fn popper_turn_handed_over_after_two_pops() {
 /// are full (`SPARES` is 2 under loom). Then popper A pops 4 and 5 (queued: it never waits) and
 /// gives up the third block to its excess list, a `Relaxed` pointer only the popper touches,
 /// and passes the turn to popper B (Release store, Acquire load), while a pusher pushes 6 (the
-/// fourth block's first slot). B pops 6 (waiting for the pusher, or not) and then finds the
-/// FIFO empty, which frees the excess list: B must see A's list (else the block leaks) and free
-/// it once (else the allocator aborts). Checked before the drop: only the head's block and the
+/// fourth block's first slot). B pops 6 (waiting for the pusher, or not) and then pops once
+/// more; whichever of B's pops first finds the FIFO empty (one while it waits, or that last one)
+/// frees the excess list: B must see A's list (else the block leaks) and free it once (else the
+/// allocator aborts). Checked before the drop: only the head's block and the
 /// two spares are still live.
 #[test]
 fn the_excess_list_passes_with_the_popper_turn() {
