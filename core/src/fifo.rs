@@ -32,17 +32,28 @@
 //! large-request path that merges every small chunk freed since) per block in the steady state.
 //!
 //! A block the popper empties while the spares are full goes to its *excess list* (`excess`,
-//! the popper's alone, linked through `next`, at most [`EXCESS`] blocks; past that it is freed),
-//! which it frees when it next finds the FIFO empty: the blocks of a backlog are handed back all
+//! the popper's alone, linked through `next`; past its bound, below, it is freed), which it
+//! frees when it next finds the FIFO empty: the blocks of a backlog are handed back all
 //! at once, after the backlog, not one per [`BLOCK`] items while it drains. With glibc each of those frees merges the block with its
 //! free neighbours, and once the merged chunk reaches 64 KiB it sweeps every small chunk freed
 //! into that arena since the last sweep (the boxed tasks the workers freed): measured, half
 //! the allocator's time on the workers while a boxed backlog drained (BENCHMARKS.md, run AA).
 //! While the excess list has blocks, the popper tops the spares up from it to [`SPARES`] (not
 //! only to [`STOCK`]) after each block it gives up, so that a backlog that grows again reuses
-//! them. A FIFO so holds the blocks in use, at most [`SPARES`] spares, and at most [`EXCESS`]
-//! excess blocks until it is next found empty; the pop that finds it empty frees up to
-//! [`EXCESS`] blocks in one go.
+//! them.
+//!
+//! The excess list's bound is the backlog's peak: each time the popper gives up a block with
+//! the spares full, it reads the tail (on the line it just read the spares' count from) and
+//! notes the most blocks it has seen ahead of the head (`peak`, its own; forgotten when it
+//! finds the FIFO empty). The list holds at most that many blocks, or [`EXCESS`] if more. A
+//! drain so frees nothing while it runs, however long the backlog: the list never needs more
+//! than the blocks that were ahead when the spares filled. And it cannot pile up: a backlog
+//! that grows while the list holds blocks takes them through the spares, or allocates, but
+//! either way the list stays within the largest backlog since the FIFO was last empty. A FIFO
+//! so holds the blocks in use, at most [`SPARES`] spares, and at most
+//! `max(EXCESS, peak)` excess blocks until it is next found empty, when the pop that finds it
+//! empty frees them in one go. A FIFO never found empty keeps the blocks of its largest
+//! backlog, as a growable array keeps its largest capacity.
 //!
 //! - **Givers push** (any thread): write the block's `next` (the stack below it), then CAS the
 //!   top to the block (Release). The givers are the popper, with a block it emptied, and a
@@ -180,14 +191,14 @@ pub const STOCK: usize = 2;
 #[cfg(loom)]
 pub const STOCK: usize = 0;
 
-/// At most this many blocks wait on the popper's excess list (see "Spare blocks"): 4 MiB of
-/// 64-byte slots.
+/// The popper's excess list may always hold this many blocks, and more only up to the
+/// backlog's peak (see "Spare blocks"): 4 MiB of 64-byte slots.
 #[cfg(not(any(loom, miri)))]
 pub const EXCESS: usize = 1024;
-/// At most this many blocks wait on the popper's excess list (few under Miri, as [`BLOCK`]).
+/// The popper's excess list may always hold this many blocks (few under Miri, as [`BLOCK`]).
 #[cfg(all(miri, not(loom)))]
 pub const EXCESS: usize = 4;
-/// At most this many blocks wait on the popper's excess list (under loom: one, so that a model
+/// The popper's excess list may always hold this many blocks (under loom: one, so that a model
 /// reaches the bound).
 #[cfg(loom)]
 pub const EXCESS: usize = 1;
@@ -317,6 +328,9 @@ struct Head<T> {
     excess: AtomicPtr<Block<T>>,
     /// How many blocks the excess list holds (the popper's alone).
     excess_len: AtomicUsize,
+    /// The most blocks the popper has seen ahead of it since it last found the FIFO empty (its
+    /// own): with [`EXCESS`], the excess list's bound.
+    peak: AtomicUsize,
 }
 
 /// The tail, and the stack of spare blocks (see "Spare blocks").
@@ -378,6 +392,7 @@ impl<T> Fifo<T> {
                 tail_seen: AtomicUsize::new(0),
                 excess: AtomicPtr::new(ptr::null_mut()),
                 excess_len: AtomicUsize::new(0),
+                peak: AtomicUsize::new(0),
             }),
             tail: CachePadded::new(Tail {
                 end: End {
@@ -673,9 +688,24 @@ impl<T> Fifo<T> {
     ///
     /// The caller is the popper, and nobody uses `block` any more.
     unsafe fn retire(&self, block: *mut Block<T>) {
-        let len = self.head.excess_len.load(Ordering::Relaxed);
-        if self.tail.spare_count.load(Ordering::Relaxed) < SPARES || len >= EXCESS {
+        if self.tail.spare_count.load(Ordering::Relaxed) < SPARES {
             // SAFETY: the caller's contract (`give_block` frees it if the spares are full).
+            unsafe { self.give_block(block) };
+            return;
+        }
+        // The blocks still ahead of the head (a snapshot; the tail's line was just read for the
+        // spares' count): the backlog's peak bounds the excess list.
+        let ahead = (self.tail.end.index.load(Ordering::Relaxed) & !CLOSED)
+            .saturating_sub(self.head.end.index.load(Ordering::Relaxed))
+            / LAP;
+        let mut peak = self.head.peak.load(Ordering::Relaxed);
+        if ahead > peak {
+            peak = ahead;
+            self.head.peak.store(peak, Ordering::Relaxed);
+        }
+        let len = self.head.excess_len.load(Ordering::Relaxed);
+        if len >= EXCESS.max(peak) {
+            // SAFETY: the caller's contract; the spares are full, so it is freed.
             unsafe { self.give_block(block) };
             return;
         }
@@ -695,6 +725,7 @@ impl<T> Fifo<T> {
     #[inline(never)]
     unsafe fn free_excess(&self) {
         self.head.excess_len.store(0, Ordering::Relaxed);
+        self.head.peak.store(0, Ordering::Relaxed);
         let mut block = self.head.excess.swap(ptr::null_mut(), Ordering::Relaxed);
         while !block.is_null() {
             // SAFETY: the excess list's blocks are live and referred to by nobody else; each
@@ -827,7 +858,10 @@ impl<T> Fifo<T> {
             // Not written: reserved by a pusher still writing it, or not reserved at all.
             let tail = self.tail.end.index.load(Ordering::Acquire) & !CLOSED;
             if head == tail {
-                if stock && !self.head.excess.load(Ordering::Relaxed).is_null() {
+                if stock
+                    && (!self.head.excess.load(Ordering::Relaxed).is_null()
+                        || self.head.peak.load(Ordering::Relaxed) != 0)
+                {
                     // The popper found the FIFO empty: the backlog that filled the excess list
                     // is gone.
                     // SAFETY: the popper (the caller's contract).
@@ -1126,37 +1160,65 @@ mod tests {
     }
 
     #[test]
-    fn the_excess_list_is_bounded_and_refills_the_spares() {
-        // A backlog of more blocks than the spares and the excess list hold together: the
-        // excess list stops at `EXCESS` (the rest is freed as before).
+    fn the_excess_list_is_bounded_by_the_peak_and_refills_the_spares() {
+        // Bursts of more blocks than the spares and `EXCESS` hold, each pushed whole before the
+        // popper drains it, on a FIFO never found empty: the excess list keeps the blocks of the
+        // largest backlog since the FIFO was last empty (so a drain frees nothing), and no more
+        // (so bursts that outrun the spares do not pile blocks up).
         let q = Fifo::new();
-        let n = (SPARES + EXCESS + 3) * BLOCK;
-        (0..n).for_each(|i| q.push(i));
-        for i in 0..n - 1 {
-            // SAFETY: the only popper.
-            assert_eq!(unsafe { q.pop() }, Some(i));
+        let blocks = SPARES + EXCESS + 3;
+        let n = blocks * BLOCK;
+        let mut next = (0, 0);
+        for _round in 0..3 {
+            (0..n).for_each(|_| {
+                q.push(next.0);
+                next.0 += 1;
+            });
+            // Drain all but one item: the FIFO is never found empty.
+            while next.1 + 1 < next.0 {
+                // SAFETY: the only popper.
+                assert_eq!(unsafe { q.pop() }, Some(next.1));
+                next.1 += 1;
+            }
+            let peak = q.head.peak.load(Ordering::Relaxed);
+            // (Seen at the first block given up with the spares full: at most `SPARES` in.)
+            assert!(
+                (blocks - SPARES - 2..=blocks + 1).contains(&peak),
+                "peak {peak}"
+            );
+            let excess = q.head.excess_len.load(Ordering::Relaxed);
+            assert!(
+                excess >= EXCESS,
+                "{excess} excess blocks: the drain kept them"
+            );
+            assert!(
+                excess <= peak,
+                "{excess} excess blocks past the peak {peak}"
+            );
+            assert_eq!(q.tail.spare_count.load(Ordering::Relaxed), SPARES);
         }
-        assert_eq!(q.head.excess_len.load(Ordering::Relaxed), EXCESS);
-        assert_eq!(q.tail.spare_count.load(Ordering::Relaxed), SPARES);
-        // A new burst before the FIFO is found empty: the installers take spares, and each
+        // A smaller burst before the FIFO is found empty: the installers take spares, and each
         // block the popper gives up tops the spares up from the excess list again.
         let burst = (SPARES / 2 + 1) * BLOCK;
-        (n..n + burst).for_each(|i| q.push(i));
+        let excess = q.head.excess_len.load(Ordering::Relaxed);
+        (0..burst).for_each(|i| q.push(next.0 + i));
         let spares = q.tail.spare_count.load(Ordering::Relaxed);
         assert!(spares < SPARES, "{spares} spares");
-        for i in n - 1..n - 1 + BLOCK {
+        for i in next.1..next.1 + BLOCK {
             // SAFETY: the only popper.
             assert_eq!(unsafe { q.pop() }, Some(i));
         }
         assert_eq!(q.tail.spare_count.load(Ordering::Relaxed), SPARES);
-        assert!(q.head.excess_len.load(Ordering::Relaxed) < EXCESS);
-        for i in n - 1 + BLOCK..n + burst {
+        assert!(q.head.excess_len.load(Ordering::Relaxed) < excess);
+        for i in next.1 + BLOCK..next.0 + burst {
             // SAFETY: the only popper.
             assert_eq!(unsafe { q.pop() }, Some(i));
         }
+        // Found empty: the excess list is freed and the peak forgotten.
         // SAFETY: the only popper.
         assert_eq!(unsafe { q.pop() }, None);
         assert_eq!(q.head.excess_len.load(Ordering::Relaxed), 0);
+        assert_eq!(q.head.peak.load(Ordering::Relaxed), 0);
         assert!(q.head.excess.load(Ordering::Relaxed).is_null());
     }
 
