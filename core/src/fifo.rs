@@ -311,6 +311,23 @@ impl<T> Block<T> {
         // SAFETY: the caller's contract; under loom `alloc` made it with `Box`.
         drop(unsafe { Box::from_raw(block) });
     }
+
+    /// Frees every block of the list that starts at `first` (null: none), linked through
+    /// `next`.
+    ///
+    /// # Safety
+    ///
+    /// Each block of the list came from [`Block::alloc`], and nobody uses any of them any more.
+    unsafe fn free_list(first: *mut Block<T>) {
+        let mut block = first;
+        while !block.is_null() {
+            // SAFETY: the caller's contract: live, and its `next` is the one below it.
+            let below = unsafe { (*block).next.load(Ordering::Relaxed) };
+            // SAFETY: the caller's contract; `below` was read first.
+            unsafe { Block::free(block) };
+            block = below;
+        }
+    }
 }
 
 /// A position and the block it points into.
@@ -726,15 +743,10 @@ impl<T> Fifo<T> {
     unsafe fn free_excess(&self) {
         self.head.excess_len.store(0, Ordering::Relaxed);
         self.head.peak.store(0, Ordering::Relaxed);
-        let mut block = self.head.excess.swap(ptr::null_mut(), Ordering::Relaxed);
-        while !block.is_null() {
-            // SAFETY: the excess list's blocks are live and referred to by nobody else; each
-            // one's `next` is the one below it.
-            let below = unsafe { (*block).next.load(Ordering::Relaxed) };
-            // SAFETY: as above; off the list now.
-            unsafe { Block::free(block) };
-            block = below;
-        }
+        let list = self.head.excess.swap(ptr::null_mut(), Ordering::Relaxed);
+        // SAFETY: the excess list's blocks are live, referred to by nobody else (the popper's
+        // alone), linked through `next`, and off the list now.
+        unsafe { Block::free_list(list) };
     }
 
     /// Gives `block` to the spares, or frees it if they are full.
@@ -968,15 +980,9 @@ impl<T> Drop for Fifo<T> {
         // SAFETY: allocated by `Block::alloc`, live (`pop` never gives up the head's block),
         // and no longer reachable by anyone.
         unsafe { Block::free(block) };
-        let mut spare = self.tail.spares.load(Ordering::Relaxed);
-        while !spare.is_null() {
-            // SAFETY: the spares are no longer reachable by anyone either; each one's `next` is
-            // the one below it.
-            let below = unsafe { (*spare).next.load(Ordering::Relaxed) };
-            // SAFETY: as above.
-            unsafe { Block::free(spare) };
-            spare = below;
-        }
+        let spares = self.tail.spares.load(Ordering::Relaxed);
+        // SAFETY: the spares are live, linked through `next`, and no longer reachable by anyone.
+        unsafe { Block::free_list(spares) };
     }
 }
 
