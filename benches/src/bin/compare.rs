@@ -112,7 +112,7 @@ struct Cli {
     executors: Vec<Contender>,
 
     /// Exactly N runs per workload, mode and executor; the table shows the median and min-max.
-    /// Default: up to 7 runs (3 for W1, whose runs are longer and steadier), but a
+    /// Default: up to 7 runs (5 for W1, whose runs are longer), but a
     /// row stops after the run that takes it past 4 s per 3 runs (0.6 s with --quick), so slow
     /// rows get 1 or 2 runs
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -206,7 +206,7 @@ impl From<Cli> for Args {
 
 impl Args {
     /// Runs per row of workload `w`: `--repeat` if given, else the workload's default
-    /// ([`Workload::default_runs`]: 3 for W1, 7 for the short, noisy others).
+    /// ([`Workload::default_runs`]: 5 for W1, 7 for the short, noisy others).
     fn runs_for(&self, w: &Workload) -> usize {
         if self.budget.is_some() {
             w.default_runs()
