@@ -78,9 +78,9 @@
 //!   workers). With the excess list a pusher allocates only while its backlog outgrows every
 //!   block the FIFO holds, and then the submitter's arena is the better place: the block
 //!   reuses the memory of the tasks already run, where a block from a worker's arena is a fresh
-//!   page. Measured without the popper's allocations (BENCHMARKS.md, run AD): boxed W3 faster
-//!   in 12 of 13 alternations, with 3.6 MiB less peak RSS growth at the median; boxed W5 and
-//!   the closure rows level or faster.
+//!   page. Measured without the popper's allocations (BENCHMARKS.md, "This round (runs AC and
+//!   AD)"): boxed W3 faster in 12 of 13 alternations, with 3.6 MiB less peak RSS growth at the
+//!   median; boxed W5 and the closure rows level or faster.
 //!
 //! # Protocol
 //!
