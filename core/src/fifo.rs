@@ -342,8 +342,8 @@ struct Head<T> {
     excess: AtomicPtr<Block<T>>,
     /// How many blocks the excess list holds (the popper's alone).
     excess_len: AtomicUsize,
-    /// The most blocks the popper has seen ahead of it since it last found the FIFO empty (its
-    /// own): with [`EXCESS`], the excess list's bound.
+    /// The most blocks the popper has seen in the backlog (the one it gives up included) since a
+    /// pop last found the FIFO empty (its own): with [`EXCESS`], the excess list's bound.
     peak: AtomicUsize,
 }
 
@@ -700,9 +700,8 @@ impl<T> Fifo<T> {
             unsafe { self.give_block(block) };
             return;
         }
-        // The blocks still ahead of the head (a snapshot; the tail's line was just read for the
-        // spares' count): the backlog's peak bounds the excess list.
-        // Counting `block`, which the head just left.
+        // The backlog in blocks, `block` (which the head just left) included: a snapshot, from
+        // the tail's line, just read for the spares' count. Its peak bounds the excess list.
         let ahead = (self.tail.end.index.load(Ordering::Relaxed) & !CLOSED)
             .saturating_sub(self.head.end.index.load(Ordering::Relaxed))
             / LAP
