@@ -147,8 +147,10 @@
 //!   after it read every slot of the block, that is after every pusher of the block stored its
 //!   stamp (its last access). A pusher whose CAS failed never touched the block. So nobody uses
 //!   a block after it is given up, until an installer takes it from the spares (Acquire) and
-//!   links it in as new. The excess list is touched by the popper alone, whose turn passes with
-//!   Release/Acquire, so its `Relaxed` loads and stores need nothing more.
+//!   links it in as new. The excess list (with its length and `peak`) is touched by the popper
+//!   alone, whose turn passes with Release/Acquire, so its `Relaxed` loads and stores need
+//!   nothing more. The popper's `Relaxed` read of the tail in `retire` only sizes the list's
+//!   bound: a stale value keeps or frees one block more or less, never one in use.
 //! - Emptiness, [`Fifo::is_empty`]: two `SeqCst` loads (head, then tail). A push's reserving CAS
 //!   is `SeqCst` too, so a thread that fences `SeqCst` after its push
 //!   and a thread that fences before its emptiness check cannot both miss each other (the lane's
