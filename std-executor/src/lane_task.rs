@@ -9,8 +9,8 @@
 //! - **Node:** every other task (a handle's, a permit-gated, latest or distinct task, or a
 //!   closure too big to inline) is a task node (`task.rs`), and the slot holds its pointer.
 //!
-//! An item is 56 bytes for a `u64` key (key, hash, `ops`, 4 words), so with the FIFO's stamp
-//! word a slot is exactly one 64-byte line. Measured before (BENCHMARKS.md, run M): inlining into
+//! A lane stores an item without its hash (`Stored`: key, 4 words, `ops`; 48 bytes for a `u64`
+//! key), so with the FIFO's stamp word a slot is 56 bytes. Measured before (BENCHMARKS.md, run M): inlining into
 //! crossbeam's `SegQueue` (whose slot adds a state word, so 40-byte slots straddled lines) cost
 //! 20% on W2 with pre-boxed tasks; core's `Fifo` aligns its blocks to lines, so each slot is one.
 //!
@@ -202,12 +202,20 @@ impl Drop for LaneTask {
     }
 }
 
-/// One keyed submission in a lane: the key, its hash (the table's hasher) and its task; 56
-/// bytes for a `u64` key, so a lane FIFO's slot is one cache line.
-#[repr(C)]
+/// One keyed submission on its way through a lane: the key, its hash (the table's hasher) and
+/// its task.
 pub(crate) struct Item<K> {
     pub(crate) key: K,
     pub(crate) hash: u64,
+    pub(crate) task: LaneTask,
+}
+
+/// What a lane's FIFO slot holds of an [`Item`]: the key and the task. The hash is the key's,
+/// so the lane's owner computes it again when it pops the item (`Lane::pop`; a few
+/// multiplications for an integer key) rather than store 8 bytes more per queued task.
+#[repr(C)]
+pub(crate) struct Stored<K> {
+    pub(crate) key: K,
     pub(crate) task: LaneTask,
 }
 
@@ -291,7 +299,7 @@ mod tests {
     }
 
     #[test]
-    fn an_item_is_a_line_with_the_fifo_stamp() {
-        assert_eq!(size_of::<Item<u64>>(), 56);
+    fn a_stored_item_is_48_bytes_for_an_integer_key() {
+        assert_eq!(size_of::<Stored<u64>>(), 48);
     }
 }

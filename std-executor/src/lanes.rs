@@ -1,8 +1,8 @@
 //! Lanes: the front door of every keyed submission.
 //!
 //! Keys hash onto a fixed number of *lanes* (twice the core workers, a power of two); each lane
-//! is a FIFO of [`Item`]s (key, hash, task) in submission order, stored in the FIFO's slots
-//! themselves (core's [`keyserial_core::fifo`]). A lane is not tied to a thread:
+//! is a FIFO of items (key and task, [`Stored`]; the owner hashes the key again when it pops
+//! it) in submission order, stored in the FIFO's slots themselves (core's [`keyserial_core::fifo`]). A lane is not tied to a thread:
 //! any worker may *own* it, and only its owner pops it, under core's lane word
 //! ([`keyserial_core::lane`], whose module docs give the ownership protocol and the steal). A
 //! plain task of a key that holds no state runs straight from the lane: no key table, no chain,
@@ -78,7 +78,9 @@ use crossbeam_utils::CachePadded;
 use keyserial_core::lane::{Lane as LaneWord, Phase, Watch};
 
 use crate::deferral::Deferrals;
-use crate::lane_task::Item;
+use std::hash::{BuildHasher, Hash};
+
+use crate::lane_task::{Item, Stored};
 use crate::sync::{fence, Arc, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 /// A lane's FIFO: core's [`keyserial_core::fifo::Fifo`] (items stored in blocks of slots, in push
@@ -302,12 +304,18 @@ pub(crate) const STOPPER: usize = keyserial_core::lane::MAX_WORKER;
 /// One lane: its ownership word, its FIFO and the keys deferred from it.
 pub(crate) struct Lane<K> {
     pub(crate) word: CachePadded<LaneWord>,
-    pub(crate) queue: Fifo<Item<K>>,
+    pub(crate) queue: Fifo<Stored<K>>,
     /// Keys whose items go to a deferral (only the lane's owner touches it).
     pub(crate) deferrals: Deferrals<K>,
+    /// The key table's hasher: a popped item's hash is its key's, computed again (see
+    /// [`Stored`]).
+    hasher: KeyHasher,
 }
 
-impl<K> Lane<K> {
+/// The key table's hasher (`shared.rs`), which the lanes share.
+pub(crate) type KeyHasher = foldhash::fast::RandomState;
+
+impl<K: Hash> Lane<K> {
     /// Takes the lane's oldest item, if any.
     ///
     /// # Safety
@@ -318,7 +326,9 @@ impl<K> Lane<K> {
     #[inline(always)]
     pub(crate) unsafe fn pop(&self) -> Option<Item<K>> {
         // SAFETY: the caller owns the lane, so it is the FIFO's only popper (above).
-        unsafe { self.queue.pop() }
+        let Stored { key, task } = unsafe { self.queue.pop() }?;
+        let hash = self.hasher.hash_one(&key);
+        Some(Item { key, hash, task })
     }
 
     /// Hints the CPU to fetch the next item's task data (`lane_task.rs`, "Looking ahead"),
@@ -419,6 +429,10 @@ impl Drop for TrackToken {
     }
 }
 
+/// A push refused because the lanes are closed (see "Admission"); its item was never built.
+#[derive(Debug)]
+pub(crate) struct Closed;
+
 /// The lanes of one serializer.
 pub(crate) struct Lanes<K> {
     lanes: Box<[Lane<K>]>,
@@ -433,8 +447,8 @@ pub(crate) struct Lanes<K> {
 }
 
 impl<K> Lanes<K> {
-    /// `n` lanes (a power of two).
-    pub(crate) fn new(n: usize) -> Lanes<K> {
+    /// `n` lanes (a power of two), whose items' keys hash with `hasher` (the key table's).
+    pub(crate) fn new(n: usize, hasher: &KeyHasher) -> Lanes<K> {
         assert!(n.is_power_of_two(), "a power of two lanes");
         Lanes {
             lanes: (0..n)
@@ -442,6 +456,7 @@ impl<K> Lanes<K> {
                     word: CachePadded::new(LaneWord::new()),
                     queue: Fifo::new(),
                     deferrals: Deferrals::new(),
+                    hasher: hasher.clone(),
                 })
                 .collect(),
             mask: n - 1,
@@ -488,15 +503,23 @@ impl<K> Lanes<K> {
 
     /// Pushes the item `make` builds onto the lane of `hash`; says whether to wake a worker (see "Waking for a push" in
     /// the module docs). `idle`: someone asleep, someone searching (the sleep word, read once).
+    /// A closed lane refuses the push and drops `make` uncalled.
     #[inline]
-    pub(crate) fn push<F: FnOnce() -> Item<K>>(
+    pub(crate) fn push(
         &self,
         hash: u64,
-        make: F,
+        make: impl FnOnce() -> Item<K>,
         idle: impl FnOnce() -> (bool, bool),
-    ) -> Result<AfterPush, F> {
+    ) -> Result<AfterPush, Closed> {
         let lane = &self.lanes[self.index_of(hash)];
-        push_then_look(&lane.word, &lane.queue, make, &self.deep, idle)
+        let stored = move || {
+            let Item { key, hash: _, task } = make();
+            Stored { key, task }
+        };
+        match push_then_look(&lane.word, &lane.queue, stored, &self.deep, idle) {
+            Ok(after) => Ok(after),
+            Err(_unbuilt) => Err(Closed),
+        }
     }
 
     /// A lane that is `FREE` with items queued, taken by worker `me`: its home lanes first

@@ -496,8 +496,7 @@ where
             hash,
             task: build(),
         });
-        if let Err(make) = pushed {
-            drop(make);
+        if pushed.is_err() {
             let key = key.expect("refused before the item was built");
             if kind == Kind::Distinct {
                 sh.claims.release(&key, hash);

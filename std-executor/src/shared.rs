@@ -16,7 +16,7 @@ use crate::deferral::Deferral;
 use crate::gate::Gate;
 use crate::key::{IdleItem, KeyState, Runnable};
 use crate::lane_task::Item;
-use crate::lanes::{AfterPush, Lanes};
+use crate::lanes::{AfterPush, Closed, KeyHasher, Lanes};
 use crate::latest_cells::LatestCells;
 use crate::nodes::Recycled;
 use crate::pending::PendingTask;
@@ -133,14 +133,15 @@ where
         let mailboxes = (0..slots.len())
             .map(|_| CachePadded::new(Mailbox::new()))
             .collect();
+        let hasher = KeyHasher::default();
         Shared {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            lanes: Lanes::new(lanes, &hasher),
             table: Table::with_hasher_and_collector(
-                foldhash::fast::RandomState::default(),
+                hasher,
                 crossbeam_epoch::default_collector().clone(),
             ),
             global: CachePadded::new(Injector::new()),
-            lanes: Lanes::new(lanes),
             mailboxes,
             claims: Claims::new(),
             latest: LatestCells::new(),
@@ -186,7 +187,11 @@ where
     /// Pushes a keyed item onto its lane and wakes a worker if it needs one (see "Waking for
     /// a push" in `lanes.rs`).
     #[inline]
-    pub(crate) fn push_keyed<F: FnOnce() -> Item<K>>(&self, hash: u64, make: F) -> Result<(), F> {
+    pub(crate) fn push_keyed(
+        &self,
+        hash: u64,
+        make: impl FnOnce() -> Item<K>,
+    ) -> Result<(), Closed> {
         match self.lanes.push(hash, make, || self.sleep.idle_now())? {
             AfterPush::Nothing => {}
             AfterPush::Notify => self.notify(),
