@@ -9,15 +9,22 @@
 //!
 //! # Layout
 //!
-//! Blocks of [`BLOCK`] slots, linked by `next`. A slot is a `stamp` and the item. The *tail* is
-//! a position counter plus the block it points into; the *head* likewise, owned by the popper.
+//! Blocks of [`BLOCK`] slots, linked by `next`. A slot is a `tag` word and the item. The *tail*
+//! is a position counter plus the block it points into; the *head* likewise, owned by the popper.
 //! Positions run `lap * (BLOCK + 1) + offset`: offsets `0..BLOCK` are slots, and offset `BLOCK`
 //! is a gap that means "the last slot of this block was just taken and its taker is installing
-//! the next block". A slot holds the item of position `p` once its stamp reads `p + 1`; positions
-//! only grow, so a stamp left from an earlier use of the block never matches, and a block can be
-//! used again without clearing it.
+//! the next block".
 //!
-//! A block starts at a cache line, so that a 64-byte slot is one line. Its allocation asks only
+//! A slot holds its item once its tag is not 0. The tag is the pusher's last store to the slot,
+//! and its value is the caller's ([`Tag`], never 0): a word of the item that the caller would
+//! otherwise store inside it (a lane of `keyserial` stores its task's table pointer there: a
+//! 40-byte item and its tag make a 48-byte slot), or [`UNTAGGED`] for the plain
+//! [`push`](Fifo::push) and [`pop`](Fifo::pop).
+//! Every block enters the FIFO with every tag 0 (see "Clean blocks"), so a tag left from an
+//! earlier use of the block never shows, and the popper clears nothing.
+//!
+//! A block starts at a cache line, so that a 64-byte slot is one line and 48-byte slots (a
+//! lane's) come four to three lines, the same way in every block. Its allocation asks only
 //! for the block's own alignment, plus room to move it up to the next line boundary (`base`
 //! remembers where the allocation starts). With the system allocator and an item aligned to at
 //! most 16 bytes that is a plain `malloc`, where glibc serves a line's alignment through
@@ -86,6 +93,29 @@
 //!   AD)"): boxed W3 faster in 12 of 13 alternations, with 3.6 MiB less peak RSS growth at the
 //!   median; boxed W5 and the closure rows level or faster.
 //!
+//! # Clean blocks
+//!
+//! A block is *clean* when every tag in it is 0, and only clean blocks enter the FIFO:
+//! [`Fifo::new`]'s first block and every block an installer links in. A new block is made
+//! clean; a spare was used before, and its installer clears its tags after taking it from the
+//! stack and before publishing it (storing the tail block, then moving the position past the
+//! gap). Those are plain stores through the installer's exclusive access: the block is off the
+//! stack, its last user (the popper that gave it up) finished before the give (Release) that
+//! the take acquired, and nobody else can reach it before it is published. Then:
+//!
+//! - every pusher of the new lap reserves its slot after the position moved (Acquire), so its
+//!   tag store comes after the clearing;
+//! - the popper reaches the block through `next`, which the installer links after the clearing
+//!   and before it writes its own slot, the old block's last; the popper reads `next` after
+//!   that slot's tag (Acquire), so its loads of the new block's tags come after the clearing
+//!   too.
+//!
+//! So a tag the popper reads is 0 or one stored in this lap. Clearing costs the installer one
+//! store per slot, to the lines this lap's pushers are about to write anyway; with one pusher,
+//! the installer, it brings those lines to its cache a little earlier. The popper pays nothing
+//! (before tags, each slot's word was a position stamp `p + 1` and needed no clearing; an item
+//! word doubling as the tag saves 8 bytes a slot, at one store per slot on the install).
+//!
 //! # Protocol
 //!
 //! - **Push** (any thread). Read the tail position (Acquire), then the tail block (Acquire).
@@ -95,13 +125,13 @@
 //!     touch the block it read.
 //!   - The pusher that took the last slot (offset `BLOCK - 1`, which left the position at the
 //!     gap) installs the next block (a spare taken after its CAS, or, if it saw no spare, one
-//!     it allocated before its CAS; see "Spare blocks"): it stores the tail block
-//!     (Release), then moves the position past the gap to the next lap's offset 0 (Release;
+//!     it allocated before its CAS; see "Spare blocks"), clean (see "Clean blocks"): it
+//!     stores the tail block (Release), then moves the position past the gap to the next lap's offset 0 (Release;
 //!     nobody else moves the position while it is at the gap), then links `next` from the old
 //!     block (Release). Only then does it write its own slot.
 //!   - Writing the slot: the item (built only now by [`Fifo::push_with`]'s `make`, which must
-//!     not unwind: the popper waits for the slot, so an unwinding `make` aborts), then
-//!     `stamp = p + 1` (Release). That store is the pusher's last access to the block.
+//!     not unwind: the popper waits for the slot, so an unwinding `make` aborts), then the
+//!     tag (Release; never 0). That store is the pusher's last access to the block.
 //!
 //!   The common case (an open FIFO, a slot that is not its block's last, a CAS that succeeds
 //!   at once) is inline in every push; any other case starts over from the first read, out of
@@ -122,32 +152,33 @@
 //!   with the tail's: equal means empty. The popper compares with the tail it read last
 //!   (`tail_seen`, its own), and reads the tail again (Acquire) only when the head has caught up
 //!   with that *and* finds the head's slot not yet written (a written slot is proof enough that
-//!   the tail is past it; a stale stamp from an earlier use of the block never reads `head + 1`):
+//!   the tail is past it; a block is clean when it enters the FIFO, so no tag is stale):
 //!   a tail once read stays reserved, and a written slot needs no tail, so while items flow the
-//!   popper does not pull the pushers' line to its core at every pop. Otherwise the head's slot was reserved; wait
-//!   until its stamp reads `head + 1` (Acquire: the item and, for a last slot, the `next` link
-//!   are visible), read the item, and advance the head (a Release store: a reader that sees the
+//!   popper does not pull the pushers' line to its core at every pop. Otherwise the head's slot
+//!   was reserved; wait until its tag is not 0 (Acquire: the item and, for a last slot, the
+//!   `next` link are visible), read the item, and advance the head (a Release store: a reader that sees the
 //!   old head only thinks the FIFO is longer than it is). After the last slot of a block the popper follows `next`
 //!   (stored before that slot was written), skips the gap, and gives the old block to the spares
 //!   (or, when they are full, to its excess list, or frees it; see "Spare blocks").
 //! - **Peek** (only the popper, [`Fifo::peek_with`]). Read the head's slot as a pop does (its
-//!   stamp Acquire, equal to `head + 1`, or nothing), lend the item to the caller's closure, and
-//!   move nothing: no head store, no block given up. The item stays for the next pop, which
-//!   reads the same stamp; the closure may neither pop nor pass the turn, so the borrowed slot
+//!   tag Acquire, not 0, or nothing), lend the item to the caller's closure, and move nothing:
+//!   no head store, no block given up. The item stays for the next pop, which reads the same
+//!   tag; the closure may neither pop nor pass the turn, so the borrowed slot
 //!   and its block outlive it. Loom: `a_peek_sees_what_the_next_pop_takes`.
 //!
 //! # Why nothing is lost, doubled or freed early
 //!
 //! - A slot is reserved by exactly one successful CAS, so exactly one pusher writes it; the
-//!   popper reads it once, after its stamp (Release/Acquire), and the head passes it.
+//!   popper reads it once, after its tag (Release/Acquire), and the head passes it. Its tag
+//!   is 0 until then (the block entered clean), so the popper never reads it early.
 //! - Per pusher, its items take increasing positions; the popper reads positions in order. So
 //!   the pop order is the order in which the CASes succeeded, which respects each thread's push
 //!   order (and any order established between pushes by happens-before).
 //! - A block is given up (to the spares, to the popper's excess list, or freed) by the popper
 //!   after it read every slot of the block, that is after every pusher of the block stored its
-//!   stamp (its last access). A pusher whose CAS failed never touched the block. So nobody uses
-//!   a block after it is given up, until an installer takes it from the spares (Acquire) and
-//!   links it in as new. The excess list (with its length and `peak`) is touched by the popper
+//!   tag (its last access). A pusher whose CAS failed never touched the block. So nobody uses
+//!   a block after it is given up, until an installer takes it from the spares (Acquire),
+//!   cleans it and links it in as new. The excess list (with its length and `peak`) is touched by the popper
 //!   alone, whose turn passes with Release/Acquire, so its `Relaxed` loads and stores need
 //!   nothing more. The popper's `Relaxed` read of the tail in `retire` only sizes the list's
 //!   bound: a stale value keeps or frees one block more or less, never one in use.
@@ -167,9 +198,10 @@ use core::ptr;
 use crossbeam_utils::{Backoff, CachePadded};
 
 use crate::prefetch::{prefetch, prefetch_write};
-use crate::sync::{AtomicPtr, AtomicUsize, Ordering, UnsafeCell};
+use crate::sync::{set_exclusive, AtomicPtr, AtomicUsize, Ordering, UnsafeCell};
 
-/// Slots per block. A 56-byte item makes 64-byte slots, so a block is about 4 KiB.
+/// Slots per block. A lane's 40-byte item and its tag make 48-byte slots, so a block is about
+/// 3 KiB.
 #[cfg(not(any(loom, miri)))]
 pub const BLOCK: usize = 63;
 /// Slots per block (few under Miri, so that its tests cross many blocks, and refill the spares,
@@ -180,7 +212,7 @@ pub const BLOCK: usize = 4;
 #[cfg(loom)]
 pub const BLOCK: usize = 2;
 
-/// At most this many spare blocks are kept (see "Spare blocks"): 256 KiB of 64-byte slots.
+/// At most this many spare blocks are kept (see "Spare blocks"): 192 KiB of 48-byte slots.
 #[cfg(not(any(loom, miri)))]
 pub const SPARES: usize = 64;
 /// At most this many spare blocks are kept (few under Miri, as [`BLOCK`]).
@@ -191,7 +223,7 @@ pub const SPARES: usize = 4;
 pub const SPARES: usize = 2;
 
 /// The popper's excess list may always hold this many blocks, and more only up to the
-/// backlog's peak (see "Spare blocks"): 4 MiB of 64-byte slots.
+/// backlog's peak (see "Spare blocks"): 3 MiB of 48-byte slots.
 #[cfg(not(any(loom, miri)))]
 pub const EXCESS: usize = 1024;
 /// The popper's excess list may always hold this many blocks (few under Miri, as [`BLOCK`]).
@@ -210,10 +242,38 @@ const LAP: usize = BLOCK + 1;
 const CLOSED: usize = 1 << (usize::BITS - 1);
 
 struct Slot<T> {
-    /// `p + 1` once the item of position `p` is written (0 in a new block).
-    stamp: AtomicUsize,
+    /// The item's [`Tag`] once it is written; 0 before (see "Clean blocks").
+    tag: AtomicUsize,
     value: UnsafeCell<MaybeUninit<T>>,
 }
+
+/// The word a pusher stores last into its slot, which tells the popper that the item is
+/// written: the caller's choice, never 0 (see "Layout"), handed back with the item by
+/// [`Fifo::pop_tagged`].
+///
+/// ```
+/// use keyserial_core::fifo::{Fifo, Tag};
+/// let q = Fifo::new();
+/// let tag = Tag::new(0x40).unwrap();
+/// assert!(q.try_push_tagged(|| (tag, "item")).is_ok());
+/// // SAFETY: this thread is the only popper.
+/// assert_eq!(unsafe { q.pop_tagged() }, Some((tag, "item")));
+/// ```
+pub type Tag = core::num::NonZeroUsize;
+
+/// The tag of an item pushed without one ([`Fifo::push`], [`Fifo::try_push_with`]).
+///
+/// ```
+/// use keyserial_core::fifo::{Fifo, UNTAGGED};
+/// let q = Fifo::new();
+/// q.push(3);
+/// // SAFETY: this thread is the only popper.
+/// assert_eq!(unsafe { q.pop_tagged() }, Some((UNTAGGED, 3)));
+/// ```
+pub const UNTAGGED: Tag = match Tag::new(1) {
+    Some(tag) => tag,
+    None => unreachable!(),
+};
 
 /// A cache line: where a block's slots start (see "Layout").
 #[cfg(not(loom))]
@@ -244,7 +304,7 @@ impl<T> Block<T> {
         }
     }
 
-    /// A new block, on the heap, starting at a line boundary: every stamp 0, no `next`.
+    /// A new block, on the heap, starting at a line boundary: clean (every tag 0), no `next`.
     #[cfg(not(loom))]
     fn alloc() -> *mut Block<T> {
         let layout = Self::layout();
@@ -266,8 +326,8 @@ impl<T> Block<T> {
         let p = unsafe { base.add(shift) }.cast::<Block<T>>();
         for i in 0..BLOCK {
             // SAFETY: `p` is in a fresh allocation, aligned and with room for a `Block`; only
-            // the stamps, `next` and `base` need values (the items are `MaybeUninit`).
-            unsafe { ptr::addr_of_mut!((*p).slots[i].stamp).write(AtomicUsize::new(0)) };
+            // the tags, `next` and `base` need values (the items are `MaybeUninit`).
+            unsafe { ptr::addr_of_mut!((*p).slots[i].tag).write(AtomicUsize::new(0)) };
         }
         // SAFETY: as above.
         unsafe { ptr::addr_of_mut!((*p).next).write(AtomicPtr::new(ptr::null_mut())) };
@@ -281,7 +341,7 @@ impl<T> Block<T> {
     fn alloc() -> *mut Block<T> {
         Box::into_raw(Box::new(Block {
             slots: core::array::from_fn(|_| Slot {
-                stamp: AtomicUsize::new(0),
+                tag: AtomicUsize::new(0),
                 value: UnsafeCell::new(MaybeUninit::uninit()),
             }),
             next: AtomicPtr::new(ptr::null_mut()),
@@ -325,6 +385,21 @@ impl<T> Block<T> {
             // SAFETY: the caller's contract; `below` was read first.
             unsafe { Block::free(block) };
             block = below;
+        }
+    }
+
+    /// Makes `block` clean: every tag 0 (see "Clean blocks").
+    ///
+    /// # Safety
+    ///
+    /// `block` is live, and the caller has it to itself: nobody else can reach it, and its
+    /// last user's accesses happen before this call.
+    unsafe fn clean(block: *mut Block<T>) {
+        // SAFETY: the caller's contract: live and ours alone, so a unique borrow of its slots
+        // is sound while it lasts.
+        let slots = unsafe { &mut (*block).slots };
+        for slot in slots.iter_mut() {
+            set_exclusive(&mut slot.tag, 0);
         }
     }
 }
@@ -475,19 +550,48 @@ impl<T> Fifo<T> {
     /// ```
     #[inline]
     pub fn try_push_with<F: FnOnce() -> T>(&self, make: F) -> Result<(), F> {
-        let Some((slot, stamp)) = self.reserve() else {
+        let Some(slot) = self.reserve() else {
             return Err(make);
         };
+        Self::write(slot, || (UNTAGGED, make()));
+        Ok(())
+    }
+
+    /// [`try_push_with`](Self::try_push_with) for an item with its own [`Tag`]: `make` returns
+    /// both, and [`pop_tagged`](Self::pop_tagged) hands both back. (The tag is stored last, as
+    /// the slot's "written" mark, so the item need not hold that word itself; see "Layout".)
+    ///
+    /// ```
+    /// use keyserial_core::fifo::{Fifo, Tag};
+    /// let q = Fifo::new();
+    /// let tag = Tag::new(8).unwrap();
+    /// assert!(q.try_push_tagged(|| (tag, [1u64, 2])).is_ok());
+    /// // SAFETY: this thread is the only popper.
+    /// assert_eq!(unsafe { q.peek_tagged(|t, v| (t, v[1])) }, Some((tag, 2)));
+    /// // SAFETY: as above.
+    /// assert_eq!(unsafe { q.pop_tagged() }, Some((tag, [1, 2])));
+    /// ```
+    #[inline]
+    pub fn try_push_tagged<F: FnOnce() -> (Tag, T)>(&self, make: F) -> Result<(), F> {
+        let Some(slot) = self.reserve() else {
+            return Err(make);
+        };
+        Self::write(slot, make);
+        Ok(())
+    }
+
+    /// Writes the item `make` returns into `slot`, reserved by this pusher, then its tag.
+    #[inline(always)]
+    fn write(slot: &Slot<T>, make: impl FnOnce() -> (Tag, T)) {
         let bomb = AbortOnUnwind;
-        let value = make();
+        let (tag, value) = make();
         core::mem::forget(bomb);
         slot.value.with_mut(|p| {
             // SAFETY: `reserve` made the slot ours alone; nobody else reads or writes it until
-            // its stamp says it is written.
+            // its tag says it is written.
             unsafe { (*p).write(value) };
         });
-        slot.stamp.store(stamp, Ordering::Release);
-        Ok(())
+        slot.tag.store(tag.get(), Ordering::Release);
     }
 
     /// Closes the FIFO to pushes (any thread; idempotent): every push whose reservation comes
@@ -520,15 +624,14 @@ impl<T> Fifo<T> {
         slots_before(self.tail.end.index.load(Ordering::Acquire) & !CLOSED)
     }
 
-    /// Reserves the next slot (see "Protocol"): returns it and the stamp that marks it written,
-    /// or `None` once the FIFO is closed. Lock-free except that a pusher waits while another
+    /// Reserves the next slot (see "Protocol"), or `None` once the FIFO is closed. Lock-free except that a pusher waits while another
     /// one, which took a block's last slot, installs the next block (two stores).
     ///
     /// Inline, the common case: an open FIFO, a slot that is not its block's last, and a CAS
     /// that succeeds at the first try. Anything else starts over in
     /// [`reserve_slow`](Self::reserve_slow), out of line.
     #[inline]
-    fn reserve(&self) -> Option<(&Slot<T>, usize)> {
+    fn reserve(&self) -> Option<&Slot<T>> {
         let tail = self.tail.end.index.load(Ordering::Acquire);
         let block = self.tail.end.block.load(Ordering::Acquire);
         let offset = tail % LAP;
@@ -546,8 +649,8 @@ impl<T> Fifo<T> {
             let next_slot = unsafe { ptr::addr_of!((*block).slots[offset + 1]) };
             // The next push's slot: ask for its line now (as in `reserve_slow`).
             prefetch_write(next_slot);
-            // SAFETY: as above; slot `offset` is ours alone until we store its stamp.
-            return Some((unsafe { &(*block).slots[offset] }, tail + 1));
+            // SAFETY: as above; slot `offset` is ours alone until we store its tag.
+            return Some(unsafe { &(*block).slots[offset] });
         }
         self.reserve_slow()
     }
@@ -555,7 +658,7 @@ impl<T> Fifo<T> {
     /// [`reserve`](Self::reserve) from the start, every case: a closed FIFO, a block's last
     /// slot (whose taker installs the next block), the gap, and CASes that fail.
     #[inline(never)]
-    fn reserve_slow(&self) -> Option<(&Slot<T>, usize)> {
+    fn reserve_slow(&self) -> Option<&Slot<T>> {
         let backoff = Backoff::new();
         let mut tail = self.tail.end.index.load(Ordering::Acquire);
         let mut block = self.tail.end.block.load(Ordering::Acquire);
@@ -620,8 +723,8 @@ impl<T> Fifo<T> {
                     }
                     // SAFETY: as above, `block` is live until the popper has read slot
                     // `offset`, which is ours alone: the CAS reserved it, and the popper reads
-                    // it only after its stamp.
-                    return Some((unsafe { &(*block).slots[offset] }, tail + 1));
+                    // it only after its tag.
+                    return Some(unsafe { &(*block).slots[offset] });
                 }
                 Err(t) => {
                     tail = t;
@@ -632,7 +735,8 @@ impl<T> Fifo<T> {
         }
     }
 
-    /// The installer's next block: the top spare, or a new block if there is none.
+    /// The installer's next block, clean: the top spare, cleaned, or a new block if there is
+    /// none.
     ///
     /// # Safety
     ///
@@ -660,8 +764,10 @@ impl<T> Fifo<T> {
         }
         self.tail.spare_count.fetch_sub(1, Ordering::Relaxed);
         // SAFETY: the spare is ours now, and whoever gave it up had finished with it (its
-        // Release CAS, our Acquire). Its stamps are stale, which is fine.
+        // Release CAS, our Acquire); nobody else reaches it until we publish it.
         unsafe { (*top).next.store(ptr::null_mut(), Ordering::Relaxed) };
+        // SAFETY: as above (see "Clean blocks").
+        unsafe { Block::clean(top) };
         top
     }
 
@@ -788,6 +894,27 @@ impl<T> Fifo<T> {
     /// ```
     pub unsafe fn pop(&self) -> Option<T> {
         // SAFETY: the caller's contract.
+        unsafe { self.take(true) }.map(|(_, value)| value)
+    }
+
+    /// [`pop`](Self::pop), with the item's [`Tag`] ([`UNTAGGED`] if it was pushed without
+    /// one).
+    ///
+    /// # Safety
+    ///
+    /// As [`pop`](Self::pop).
+    ///
+    /// ```
+    /// use keyserial_core::fifo::{Fifo, Tag};
+    /// let q = Fifo::new();
+    /// let tag = Tag::new(5).unwrap();
+    /// assert!(q.try_push_tagged(|| (tag, 'x')).is_ok());
+    /// // SAFETY: the only popper.
+    /// assert_eq!(unsafe { q.pop_tagged() }, Some((tag, 'x')));
+    /// ```
+    #[inline]
+    pub unsafe fn pop_tagged(&self) -> Option<(Tag, T)> {
+        // SAFETY: the caller's contract.
         unsafe { self.take(true) }
     }
 
@@ -817,15 +944,32 @@ impl<T> Fifo<T> {
     /// ```
     #[inline]
     pub unsafe fn peek_with<R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
+        // SAFETY: the caller's contract.
+        unsafe { self.peek_tagged(|_, value| f(value)) }
+    }
+
+    /// [`peek_with`](Self::peek_with), with the item's [`Tag`].
+    ///
+    /// # Safety
+    ///
+    /// As [`peek_with`](Self::peek_with).
+    ///
+    /// ```
+    /// use keyserial_core::fifo::{Fifo, UNTAGGED};
+    /// let q = Fifo::new();
+    /// q.push(5);
+    /// // SAFETY: this thread is the only popper.
+    /// assert_eq!(unsafe { q.peek_tagged(|t, v| (t, *v)) }, Some((UNTAGGED, 5)));
+    /// ```
+    #[inline]
+    pub unsafe fn peek_tagged<R>(&self, f: impl FnOnce(Tag, &T) -> R) -> Option<R> {
         let head = self.head.end.index.load(Ordering::Relaxed);
         let block = self.head.end.block.load(Ordering::Relaxed);
         let offset = head % LAP;
         // SAFETY: as in `take`: the head's block is live while the popper (the caller) looks,
         // and `offset < BLOCK`.
         let slot = unsafe { &(*block).slots[offset] };
-        if slot.stamp.load(Ordering::Acquire) != head + 1 {
-            return None;
-        }
+        let tag = Tag::new(slot.tag.load(Ordering::Acquire))?;
         if offset + 1 < BLOCK {
             // SAFETY: the head's block is live and `offset + 1 < BLOCK`: an address in bounds;
             // nothing is read.
@@ -833,10 +977,11 @@ impl<T> Fifo<T> {
             prefetch(next_slot);
         }
         Some(slot.value.with(|p| {
-            // SAFETY: the stamp (Acquire) shows the pusher's write; only the popper (the caller)
-            // reads the slot, unread until its next pop, and `f`'s shared borrow ends before that
-            // (`f` may neither pop nor pass on the turn: the caller's contract).
-            f(unsafe { (*p).assume_init_ref() })
+            // SAFETY: the tag (Acquire) shows the pusher's write (the block entered clean, so
+            // a tag that is not 0 is this lap's); only the popper (the caller) reads the slot,
+            // unread until its next pop, and `f`'s shared borrow ends before that (`f` may
+            // neither pop nor pass on the turn: the caller's contract).
+            f(tag, unsafe { (*p).assume_init_ref() })
         }))
     }
 
@@ -847,7 +992,7 @@ impl<T> Fifo<T> {
     ///
     /// As [`pop`](Self::pop).
     #[inline(always)]
-    unsafe fn take(&self, refill: bool) -> Option<T> {
+    unsafe fn take(&self, refill: bool) -> Option<(Tag, T)> {
         // The head is the popper's alone (the caller's contract); the tail is read Acquire,
         // and only once the head has reached the tail read last and the head's slot is not
         // written yet.
@@ -860,7 +1005,7 @@ impl<T> Fifo<T> {
         let slot = unsafe { &(*block).slots[offset] };
         // (`>=`: a tail read at a block's gap is one position behind the head that skipped it.)
         if head >= self.head.tail_seen.load(Ordering::Relaxed)
-            && slot.stamp.load(Ordering::Acquire) != head + 1
+            && slot.tag.load(Ordering::Acquire) == 0
         {
             // Not written: reserved by a pusher still writing it, or not reserved at all.
             let tail = self.tail.end.index.load(Ordering::Acquire) & !CLOSED;
@@ -880,18 +1025,22 @@ impl<T> Fifo<T> {
             self.head.tail_seen.store(tail, Ordering::Relaxed);
         }
         let backoff = Backoff::new();
-        while slot.stamp.load(Ordering::Acquire) != head + 1 {
+        let tag = loop {
+            if let Some(tag) = Tag::new(slot.tag.load(Ordering::Acquire)) {
+                break tag;
+            }
             // Reserved (the tail is past it) but its pusher has not finished writing.
             snooze(&backoff);
-        }
+        };
         let value = slot.value.with(|p| {
-            // SAFETY: the stamp (Acquire) shows the pusher's write; the slot is read once, here,
-            // and never again (the head moves past it).
+            // SAFETY: the tag (Acquire) shows the pusher's write (the block entered clean, so a
+            // tag that is not 0 is this lap's); the slot is read once, here, and never again
+            // (the head moves past it).
             unsafe { (*p).assume_init_read() }
         });
         if offset + 1 == BLOCK {
             // SAFETY: still live (given up just below); `next` was stored before the last slot's
-            // stamp, which we acquired.
+            // tag, which we acquired.
             let next = unsafe { (*block).next.load(Ordering::Acquire) };
             self.head.end.block.store(next, Ordering::Relaxed);
             self.head.end.index.store(head + 2, Ordering::Release);
@@ -906,7 +1055,7 @@ impl<T> Fifo<T> {
         } else {
             self.head.end.index.store(head + 1, Ordering::Release);
         }
-        Some(value)
+        Some((tag, value))
     }
 
     /// Whether it holds no item: a snapshot (any thread). Items being pushed count once their
@@ -1096,9 +1245,10 @@ mod tests {
     }
 
     #[test]
-    fn a_reused_block_ignores_its_stale_stamps() {
+    fn a_reused_block_is_cleaned_before_it_is_installed() {
         // Push one, pop one: the popper gives up each block to the spares, and the next
-        // installer takes it back, stamps from the previous lap and all.
+        // installer takes it back, tags from the previous lap and all, and must clear them:
+        // a stale tag would make the empty pop below read the previous lap's item.
         let q = Fifo::new();
         for i in 0..10 * BLOCK {
             q.push(i);
@@ -1357,5 +1507,65 @@ mod tests {
         pushers.into_iter().for_each(|p| p.join().unwrap());
         assert!(q.is_empty());
         assert_eq!(next, [per, per]);
+    }
+
+    /// The tag of `(t, i)`: distinct per item, never 0.
+    fn tag_of(t: usize, i: usize) -> Tag {
+        Tag::new((i << 1 | t) + 1).unwrap()
+    }
+
+    #[test]
+    fn tags_come_back_with_their_items_across_reused_blocks() {
+        // Two pushers, distinct tags per item, blocks reused many times over: every pop and
+        // peek sees the tag its item was pushed with, never one left from a block's earlier
+        // lap.
+        let per = if cfg!(miri) { 3 * BLOCK + 2 } else { 50_000 };
+        let q = Arc::new(Fifo::new());
+        let pushers: Vec<_> = (0..2)
+            .map(|t| {
+                let q = q.clone();
+                std::thread::spawn(move || {
+                    for i in 0..per {
+                        assert!(q.try_push_tagged(|| (tag_of(t, i), (t, i))).is_ok());
+                    }
+                })
+            })
+            .collect();
+        let mut next = [0usize; 2];
+        let mut got = 0;
+        while got < 2 * per {
+            // SAFETY: this thread is the only popper; the closure only reads.
+            let peeked = unsafe { q.peek_tagged(|tag, &(t, i)| (tag, tag_of(t, i))) };
+            if let Some((tag, want)) = peeked {
+                assert_eq!(tag, want);
+            }
+            // SAFETY: as above.
+            if let Some((tag, (t, i))) = unsafe { q.pop_tagged() } {
+                assert_eq!(tag, tag_of(t, i));
+                assert_eq!(i, next[t], "pusher {t} out of order");
+                next[t] += 1;
+                got += 1;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        pushers.into_iter().for_each(|p| p.join().unwrap());
+        assert_eq!(next, [per, per]);
+        // SAFETY: as above.
+        assert_eq!(unsafe { q.pop_tagged() }, None);
+    }
+
+    #[test]
+    fn untagged_items_pop_with_the_untagged_tag() {
+        let q = Fifo::new();
+        q.push(1);
+        assert!(q.try_push_tagged(|| (Tag::new(9).unwrap(), 2)).is_ok());
+        assert!(q.try_push_with(|| 3).is_ok());
+        // SAFETY: the only popper.
+        let got: Vec<_> = core::iter::from_fn(|| unsafe { q.pop_tagged() }).collect();
+        assert_eq!(
+            got,
+            [(UNTAGGED, 1), (Tag::new(9).unwrap(), 2), (UNTAGGED, 3)]
+        );
     }
 }

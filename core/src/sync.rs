@@ -53,3 +53,16 @@ pub(crate) fn spin_hint() {
     #[cfg(loom)]
     loom::thread::yield_now();
 }
+
+/// Stores `value` into `atomic` through a unique borrow: a plain write, no atomic operation
+/// (loom checks that no other thread can be accessing it).
+#[inline(always)]
+#[allow(dead_code)]
+pub(crate) fn set_exclusive(atomic: &mut AtomicUsize, value: usize) {
+    #[cfg(not(loom))]
+    {
+        *atomic.get_mut() = value;
+    }
+    #[cfg(loom)]
+    atomic.with_mut(|v| *v = value);
+}

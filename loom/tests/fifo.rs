@@ -1,17 +1,20 @@
 //! Loom models of a lane's FIFO (core/src/fifo.rs), over the real `Fifo`. Under `cfg(loom)` a
 //! block has 2 slots (`fifo::BLOCK`), so a few pushes fill blocks and install new ones: every
 //! model below crosses block installs, and the popper gives emptied blocks back as the spare that
-//! a later installer takes (position stamps make a reused block's old slots read as unwritten).
+//! a later installer takes (and cleans: every tag 0, so a reused block's old slots read as
+//! unwritten).
 //!
 //! - [`two_pushers_race_then_one_pops`]: pushers A and B push three and two items, racing across
 //!   block installs (a push reading the tail at the gap, waiting for the installer); B then pops
 //!   until it has all five while A may still be pushing, installing, and taking back the block B
-//!   just gave up, to write its last item under the stale stamp of the item B popped from that
-//!   slot. Nothing lost, nothing doubled, each pusher's items in its own order; at the end the
-//!   FIFO is empty (`is_empty`, `len() == 0`, `pop() == None`).
+//!   just gave up, to write its last item into the slot B popped an item from (whose tag A's
+//!   install cleared). Every item has its own tag (`try_push_tagged`), and each pop checks that
+//!   it comes back with its item's: no tag left from a block's earlier use is read as a write.
+//!   Nothing lost, nothing doubled, each pusher's items in its own order; at the end the FIFO is
+//!   empty (`is_empty`, `len() == 0`, `pop() == None`).
 //! - [`a_third_thread_pops_while_two_pushers_race`]: the same two pushers, and a third thread that
 //!   tries one pop while they race (reading the tail maybe at a gap, maybe waiting for the first
-//!   slot's stamp); the main thread pops the rest after the joins.
+//!   slot's tag); the main thread pops the rest after the joins.
 //! - [`a_peek_sees_what_the_next_pop_takes`]: a popper that peeks before each pop (as a lane's
 //!   owner looks ahead) while a pusher pushes across a block install: a peek that sees an item
 //!   sees the one the next pop returns.
@@ -49,7 +52,9 @@
 //!
 //! A slot's item is in a loom `UnsafeCell` (core/src/sync.rs), so in every model loom itself
 //! reports a slot read without happens-before from its write (a missing Release/Acquire on the
-//! stamp, or a pusher writing into a block it read stale), and a slot written by two pushers.
+//! tag, or a pusher writing into a block it read stale), and a slot written by two pushers. The
+//! installer clears a reused block's tags with plain writes (`with_mut` under loom), so loom also
+//! reports a clearing that races with the block's previous popper or its next pushers.
 //!
 //! **Blocks are counted.** Loom tracks its own `Arc`s for leaks, not `Box`es, and the FIFO's blocks
 //! are `Box`es. So this test binary has a global allocator that counts allocations aligned to 64
@@ -69,7 +74,7 @@
 //! between the two forever and never schedule the third (tokio-rs/loom#53, open): the model
 //! fails with "exceeded maximum number of branches". The FIFO spins in two places (a pusher that
 //! reads the tail at a block's gap waits for the installer; the popper waits for a reserved slot's
-//! stamp), and both can wait on the same installer: a popper that reached a block's last slot
+//! tag), and both can wait on the same installer: a popper that reached a block's last slot
 //! while its installer is mid-install, and another pusher at the gap. A model with two pushers and
 //! a separate popper of more than the first item hits this at `LOOM_MAX_PREEMPTIONS=2` already
 //! (checked while writing these models, with the spins instrumented: the installer was simply
@@ -102,7 +107,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
 use std::sync::Arc as StdArc;
 
-use keyserial_core::fifo::{Fifo, BLOCK};
+use keyserial_core::fifo::{Fifo, Tag, BLOCK};
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
@@ -254,6 +259,39 @@ unsafe fn pop_n<T>(q: &Fifo<T>, n: usize) -> (Vec<T>, bool) {
     (got, waited)
 }
 
+/// The tag of item `(t, i)`: its own, never 0.
+fn tag_of((t, i): (usize, usize)) -> Tag {
+    Tag::new((i << 1 | t) + 1).unwrap()
+}
+
+/// Pushes `item` with its own tag ([`tag_of`]).
+fn push_tagged(q: &Fifo<(usize, usize)>, item: (usize, usize)) {
+    assert!(q.try_push_tagged(|| (tag_of(item), item)).is_ok());
+}
+
+/// [`pop_n`] for items pushed by [`push_tagged`], checking that each comes with its own tag.
+///
+/// # Safety
+/// As [`pop_n`].
+unsafe fn pop_n_tagged(q: &Fifo<(usize, usize)>, n: usize) -> (Vec<(usize, usize)>, bool) {
+    let mut got = Vec::with_capacity(n);
+    let mut waited = false;
+    while got.len() < n {
+        // SAFETY: the caller is the only popper.
+        match unsafe { q.pop_tagged() } {
+            Some((tag, v)) => {
+                assert_eq!(tag, tag_of(v), "an item popped with another's tag");
+                got.push(v);
+            }
+            None => {
+                waited = true;
+                thread::yield_now();
+            }
+        }
+    }
+    (got, waited)
+}
+
 /// The FIFO is empty, by every measure.
 ///
 /// # Safety
@@ -319,10 +357,10 @@ fn two_pushers_race_then_one_pops() {
     // their pushers install the next block while the other pusher may read the tail at the gap
     // and wait. B pops once its own pushes are done, while A may still push: B waits for A's
     // slots, follows `next` (maybe while A is still writing the installer's slot), and gives up
-    // the first block, which A's install of the third block may take back, so that A's last item
-    // (position 6) goes into the slot that held position 0, under a stale stamp. Outcomes: the
-    // ten pop orders; B found the FIFO empty (waiting for A); the last item went into a reused
-    // block.
+    // the first block, which A's install of the third block may take back (and clean), so that
+    // A's last item (position 6) goes into the slot that held position 0. Each item has its own
+    // tag, checked at its pop. Outcomes: the ten pop orders; B found the FIFO empty (waiting for
+    // A); the last item went into a reused block.
     const PER: [usize; 2] = [3, 2];
     static OUTCOMES: [StdAtomicUsize; 12] = counters!(12);
     builder().check(|| {
@@ -330,14 +368,14 @@ fn two_pushers_race_then_one_pops() {
         let q = blocks.fifo();
         let a = {
             let q = q.clone();
-            thread::spawn(move || (0..PER[0]).for_each(|i| q.push((0, i))))
+            thread::spawn(move || (0..PER[0]).for_each(|i| push_tagged(&q, (0, i))))
         };
         let b = {
             let q = q.clone();
             thread::spawn(move || {
-                (0..PER[1]).for_each(|i| q.push((1, i)));
+                (0..PER[1]).for_each(|i| push_tagged(&q, (1, i)));
                 // SAFETY: this thread is the only popper.
-                unsafe { pop_n(&q, PER[0] + PER[1]) }
+                unsafe { pop_n_tagged(&q, PER[0] + PER[1]) }
             })
         };
         a.join().unwrap();
@@ -372,7 +410,7 @@ fn two_pushers_race_then_one_pops() {
 #[test]
 fn a_third_thread_pops_while_two_pushers_race() {
     // Pushers A and B push two items each; thread C tries one pop while they race (the first
-    // item, if any position is reserved yet: it may wait for that slot's stamp); the main thread
+    // item, if any position is reserved yet: it may wait for that slot's tag); the main thread
     // pops the rest after the joins. Outcomes: the six pop orders; C found the FIFO empty.
     static OUTCOMES: [StdAtomicUsize; 7] = counters!(7);
     builder().check(|| {
@@ -417,8 +455,8 @@ fn a_third_thread_pops_while_two_pushers_race() {
 #[test]
 fn a_peek_sees_what_the_next_pop_takes() {
     // A pusher pushes five items (three blocks of two: the third block's install takes the
-    // first block back from the spares if the popper has given it up by then, so a later peek
-    // reads slots whose stamps are left from their first use) while the popper peeks before
+    // first block back from the spares if the popper has given it up by then, and cleans it, so
+    // a later peek reads slots whose tags were cleared after their first use) while the popper peeks before
     // every pop, as a lane's owner looks ahead. A peek that sees an item sees the one the next
     // pop returns; a peek that sees none is followed by a pop that may find the item written
     // since, never a different one. Outcomes: a peek saw an item; a peek saw none; the third

@@ -1,4 +1,5 @@
-//! A lane's item: a key, its hash and its task, stored in the lane FIFO's slot itself.
+//! A lane's item: a key, its hash and its task, stored (without the hash) in the lane FIFO's
+//! slot itself.
 //!
 //! A task is one of two things, told apart by its `ops` table:
 //!
@@ -9,16 +10,22 @@
 //! - **Node:** every other task (a handle's, a permit-gated, latest or distinct task, or a
 //!   closure too big to inline) is a task node (`task.rs`), and the slot holds its pointer.
 //!
-//! A lane stores an item without its hash (`Stored`: key, 4 words, `ops`; 48 bytes for a `u64`
-//! key), so with the FIFO's stamp word a slot is 56 bytes. Measured before (BENCHMARKS.md, run M): inlining into
-//! crossbeam's `SegQueue` (whose slot adds a state word, so 40-byte slots straddled lines) cost
-//! 20% on W2 with pre-boxed tasks; core's `Fifo` aligns its blocks to lines, so each slot is one.
+//! A lane's slot holds an item in 48 bytes for a `u64` key: the key and the task's four words
+//! ([`Stored`], 40 bytes), and the FIFO's tag word, which is the task's `ops` pointer
+//! (`keyserial_core::fifo`, "Layout": the word the pusher stores last, telling the popper the
+//! slot is written). The key's hash is not stored: the lane's owner computes it again when it
+//! pops the item. Slots so come four to three cache lines. Measured against 64-byte slots (hash
+//! stored, and a position stamp beside `ops`), alternating builds (BENCHMARKS.md, "This round"):
+//! boxed W3's peak RSS growth fell from 16.7 to 8.9 MiB at the median of 10 alternations of 7
+//! runs each, with rates level. (Run M found slots that straddle lines 20% slower on W2 with
+//! pre-boxed tasks, but that was inlining into crossbeam's `SegQueue`; here boxed W2 measured
+//! level, 1.04x over 8 alternations.)
 //!
 //! # Looking ahead
 //!
 //! While a lane's owner runs one item, the next one's task data is usually far away: a
 //! pre-boxed task's box was written by another thread long ago. So after a pop the owner peeks
-//! at the next item and hints its first word's target into the cache ([`LaneTask::prefetch`],
+//! at the next item and hints its first word's target into the cache ([`LaneTask::prefetch_parts`],
 //! `keyserial_core::prefetch`). For a node that word is the node; for an inline closure it is
 //! whatever lies in its first word (Rust does not fix a closure's layout), which for the common
 //! task shapes (a boxed closure, an `Arc` or a reference to shared state) is the pointer its
@@ -29,6 +36,8 @@
 //! ([`LaneTask::into_task`]); the cost falls only on keys that need state.
 
 use std::mem::{align_of, size_of, ManuallyDrop, MaybeUninit};
+
+use keyserial_core::fifo::Tag;
 
 use crate::task::{Detached, Job, Kind, TaskRef};
 
@@ -48,7 +57,7 @@ struct Ops {
     drop: unsafe fn(*mut Words),
     /// The bytes hold a [`TaskRef`] (whose node knows its kind); otherwise a plain closure.
     node: bool,
-    /// The task fills at least a word: worth a [`LaneTask::prefetch`] (see "Looking ahead").
+    /// The task fills at least a word: worth a [`LaneTask::prefetch_parts`] (see "Looking ahead").
     first_word: bool,
 }
 
@@ -164,24 +173,52 @@ impl LaneTask {
         }
     }
 
-    /// Hints the CPU to fetch what the task's first word points to (see "Looking ahead"):
-    /// a node's own line, or the data of a closure that captured a pointer first.
-    #[inline(always)]
-    pub(crate) fn prefetch(&self) {
-        if self.ops.first_word {
-            // SAFETY: `data` is four word-aligned words of our own, so its first word is in
-            // bounds and aligned; `prefetch_pointee` allows bytes that are padding or were
-            // never written, and uses the value only as the address of a hint.
-            unsafe { keyserial_core::prefetch::prefetch_pointee(self.data.as_ptr().cast()) };
-        }
-    }
-
     /// The task as a node (an inline closure moves into a new one).
     pub(crate) fn into_task(self) -> TaskRef {
         let mut this = ManuallyDrop::new(self);
         // SAFETY: `this.data` holds what its table expects; `ManuallyDrop` keeps our `Drop` from
         // using the bytes again.
         unsafe { (this.ops.into_task)(&mut this.data) }
+    }
+
+    /// Splits the task into its table, as a lane FIFO's slot tag (`keyserial_core::fifo`,
+    /// "Layout"), and its bytes, which the slot stores beside the key (see [`Stored`]).
+    #[inline(always)]
+    pub(crate) fn into_parts(self) -> (Tag, TaskBytes) {
+        let this = ManuallyDrop::new(self);
+        let tag = Tag::new(this.ops as *const Ops as usize).expect("a reference is never null");
+        (tag, TaskBytes(this.data))
+    }
+
+    /// The task split by [`into_parts`](Self::into_parts).
+    ///
+    /// # Safety
+    ///
+    /// `tag` and `bytes` come from one call of `into_parts`, and neither was used since.
+    #[inline(always)]
+    pub(crate) unsafe fn from_parts(tag: Tag, bytes: TaskBytes) -> LaneTask {
+        // SAFETY: the caller's contract: `tag` is the address of the task's `&'static Ops`.
+        let ops = unsafe { &*(tag.get() as *const Ops) };
+        LaneTask { data: bytes.0, ops }
+    }
+
+    /// Hints the CPU to fetch what the first word of a task, still split in a lane's slot,
+    /// points to (see "Looking ahead"): a node's own line, or the data of a closure that
+    /// captured a pointer first.
+    ///
+    /// # Safety
+    ///
+    /// `tag` and `bytes` are the parts of one task (`into_parts`), still unused.
+    #[inline(always)]
+    pub(crate) unsafe fn prefetch_parts(tag: Tag, bytes: &TaskBytes) {
+        // SAFETY: the caller's contract, as in `from_parts`.
+        let ops = unsafe { &*(tag.get() as *const Ops) };
+        if ops.first_word {
+            // SAFETY: `bytes` is four word-aligned words of our own, so its first word is in
+            // bounds and aligned; `prefetch_pointee` allows bytes that are padding or were
+            // never written, and uses the value only as the address of a hint.
+            unsafe { keyserial_core::prefetch::prefetch_pointee(bytes.0.as_ptr().cast()) };
+        }
     }
 
     /// Runs the task (a panic is caught); `done(panicked)` runs before a handle resolves.
@@ -210,13 +247,18 @@ pub(crate) struct Item<K> {
     pub(crate) task: LaneTask,
 }
 
-/// What a lane's FIFO slot holds of an [`Item`]: the key and the task. The hash is the key's,
-/// so the lane's owner computes it again when it pops the item (`Lane::pop`; a few
-/// multiplications for an integer key) rather than store 8 bytes more per queued task.
+/// A task's bytes without its table ([`LaneTask::into_parts`]): dropping them leaks the task,
+/// so they only travel in a lane's slot, whose tag is the table.
+pub(crate) struct TaskBytes(Words);
+
+/// What a lane's FIFO slot holds of an [`Item`]: the key and the task's bytes; the task's
+/// table is the slot's tag, and the hash is the key's, which the lane's owner computes again
+/// when it pops the item (`Lane::pop`; a few multiplications for an integer key). 40 bytes
+/// for a `u64` key: with the tag, a 48-byte slot.
 #[repr(C)]
 pub(crate) struct Stored<K> {
     pub(crate) key: K,
-    pub(crate) task: LaneTask,
+    pub(crate) bytes: TaskBytes,
 }
 
 #[cfg(all(test, not(loom)))]
@@ -247,7 +289,11 @@ mod tests {
             !LaneTask::execute(|| {}).ops.first_word,
             "nothing to look at"
         );
-        t.prefetch();
+        let (tag, bytes) = t.into_parts();
+        // SAFETY: one task's parts, unused since.
+        unsafe { LaneTask::prefetch_parts(tag, &bytes) };
+        // SAFETY: as above.
+        let t = unsafe { LaneTask::from_parts(tag, bytes) };
         assert_eq!(t.kind(), Kind::Plain);
         let done = AtomicUsize::new(0);
         assert!(!t.run(&|p| {
@@ -268,7 +314,11 @@ mod tests {
             r.fetch_add(big.iter().sum::<u64>() as usize, Ordering::Relaxed);
         });
         assert!(t.ops.node && t.ops.first_word);
-        t.prefetch();
+        let (tag, bytes) = t.into_parts();
+        // SAFETY: one task's parts, unused since.
+        unsafe { LaneTask::prefetch_parts(tag, &bytes) };
+        // SAFETY: as above.
+        let t = unsafe { LaneTask::from_parts(tag, bytes) };
         assert_eq!(t.kind(), Kind::Plain);
         t.into_task().run(None, &|_| {});
         assert_eq!(ran.load(Ordering::Relaxed), 56);
@@ -299,7 +349,23 @@ mod tests {
     }
 
     #[test]
-    fn a_stored_item_is_48_bytes_for_an_integer_key() {
-        assert_eq!(size_of::<Stored<u64>>(), 48);
+    fn a_stored_item_is_40_bytes_for_an_integer_key() {
+        assert_eq!(size_of::<Stored<u64>>(), 40);
+    }
+
+    #[test]
+    fn a_task_split_into_parts_and_joined_runs_once() {
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = ran.clone();
+        let (tag, bytes) = LaneTask::execute(move || {
+            r.fetch_add(1, Ordering::Relaxed);
+        })
+        .into_parts();
+        // SAFETY: the parts of one task, unused since.
+        unsafe { LaneTask::prefetch_parts(tag, &bytes) };
+        // SAFETY: as above.
+        let task = unsafe { LaneTask::from_parts(tag, bytes) };
+        assert!(!task.run(&|p| assert!(!p)));
+        assert_eq!(ran.load(Ordering::Relaxed), 1);
     }
 }

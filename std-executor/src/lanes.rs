@@ -80,7 +80,7 @@ use keyserial_core::lane::{Lane as LaneWord, Phase, Watch};
 use crate::deferral::Deferrals;
 use std::hash::{BuildHasher, Hash};
 
-use crate::lane_task::{Item, Stored};
+use crate::lane_task::{Item, LaneTask, Stored};
 use crate::sync::{fence, Arc, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 /// A lane's FIFO: core's [`keyserial_core::fifo::Fifo`] (items stored in blocks of slots, in push
@@ -98,7 +98,7 @@ pub(crate) type Fifo<T> = keyserial_core::fifo::Fifo<T>;
 /// popped item as still queued; nothing here relies on seeing a pop, only on seeing a push.)
 #[cfg(loom)]
 pub struct Fifo<T> {
-    items: crate::sync::Mutex<std::collections::VecDeque<T>>,
+    items: crate::sync::Mutex<std::collections::VecDeque<(keyserial_core::fifo::Tag, T)>>,
     /// `items.len()`, changed under the lock, read without it.
     len: AtomicUsize,
     /// Items ever pushed, and whether it is closed: changed under the lock.
@@ -143,6 +143,21 @@ impl<T> Fifo<T> {
         if self.closed.load(Ordering::Relaxed) {
             return Err(make);
         }
+        items.push_back((keyserial_core::fifo::UNTAGGED, make()));
+        self.pushed.fetch_add(1, Ordering::Relaxed);
+        self.len.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// As `Fifo::try_push_tagged`: `make` handed back uncalled once closed.
+    pub fn try_push_tagged<F: FnOnce() -> (keyserial_core::fifo::Tag, T)>(
+        &self,
+        make: F,
+    ) -> Result<(), F> {
+        let mut items = crate::sync::lock(&self.items);
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(make);
+        }
         items.push_back(make());
         self.pushed.fetch_add(1, Ordering::Relaxed);
         self.len.fetch_add(1, Ordering::SeqCst);
@@ -168,6 +183,16 @@ impl<T> Fifo<T> {
     /// As `Fifo::pop`: one popper at a time (here the lock would forgive it; the real FIFO
     /// does not).
     pub unsafe fn pop(&self) -> Option<T> {
+        // SAFETY: the caller's contract.
+        unsafe { self.pop_tagged() }.map(|(_, item)| item)
+    }
+
+    /// As `Fifo::pop_tagged`: the oldest item with its tag.
+    ///
+    /// # Safety
+    ///
+    /// As [`pop`](Self::pop).
+    pub unsafe fn pop_tagged(&self) -> Option<(keyserial_core::fifo::Tag, T)> {
         let mut items = crate::sync::lock(&self.items);
         let item = items.pop_front();
         if item.is_some() {
@@ -182,7 +207,23 @@ impl<T> Fifo<T> {
     ///
     /// As [`pop`](Self::pop).
     pub unsafe fn peek_with<R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
-        crate::sync::lock(&self.items).front().map(f)
+        crate::sync::lock(&self.items)
+            .front()
+            .map(|(_, item)| f(item))
+    }
+
+    /// As `Fifo::peek_tagged`: `f` on the oldest item and its tag, left in place.
+    ///
+    /// # Safety
+    ///
+    /// As [`pop`](Self::pop).
+    pub unsafe fn peek_tagged<R>(
+        &self,
+        f: impl FnOnce(keyserial_core::fifo::Tag, &T) -> R,
+    ) -> Option<R> {
+        crate::sync::lock(&self.items)
+            .front()
+            .map(|(tag, item)| f(*tag, item))
     }
 
     /// Whether it holds no item (a snapshot, without the lock).
@@ -207,21 +248,21 @@ pub enum AfterPush {
     AllBusy,
 }
 
-/// The submitter's half of "Waking for a push": pushes the item `make` builds onto the lane
-/// (`word`, `queue`; built in its slot once that is reserved, `Fifo::try_push_with`: `make`
-/// must not unwind; handed back uncalled if the lane is closed), then reads `idle()` (whether some worker is registered asleep, and whether some
-/// worker is searching: one `SeqCst` load of the sleep word) and, only if a worker sleeps and
-/// none searches, the lane's phase and `deep` (`SeqCst`). No fence: the push's `SeqCst` CAS
+/// The submitter's half of "Waking for a push": `push` pushes an item onto the lane of `word`
+/// (a push onto its FIFO, `Fifo::try_push_with` or `try_push_tagged`, whose reserving CAS is
+/// `SeqCst`; `Err` if the lane is closed), then this reads `idle()` (whether some worker is
+/// registered asleep, and whether some worker is searching: one `SeqCst` load of the sleep
+/// word) and, only if a worker sleeps and none searches, the lane's phase and `deep`
+/// (`SeqCst`). No fence: the push's `SeqCst` CAS
 /// pairs with the workers' fences (module docs), except under loom, which needs the fence.
 #[inline]
-pub fn push_then_look<T, F: FnOnce() -> T>(
+pub fn push_then_look<E>(
     word: &LaneWord,
-    queue: &Fifo<T>,
-    make: F,
+    push: impl FnOnce() -> Result<(), E>,
     deep: &AtomicUsize,
     idle: impl FnOnce() -> (bool, bool),
-) -> Result<AfterPush, F> {
-    queue.try_push_with(make)?;
+) -> Result<AfterPush, E> {
+    push()?;
     #[cfg(loom)]
     fence(Ordering::SeqCst);
     Ok(match idle() {
@@ -273,10 +314,23 @@ pub(crate) fn any_queued<'a, T: 'a>(mut queues: impl Iterator<Item = &'a Fifo<T>
 pub mod loom_hooks {
     use keyserial_core::lane::Lane as LaneWord;
 
+    use crate::sync::AtomicUsize;
+
     pub use super::{
-        push_then_look as push, release_then_look as release_or_keep, take_if_free as try_take,
-        AfterPush, Fifo,
+        release_then_look as release_or_keep, take_if_free as try_take, AfterPush, Fifo,
     };
+
+    /// `Lanes::push`'s half of "Waking for a push" over `queue`, for an item without a tag:
+    /// `push_then_look` with `Fifo::try_push_with(make)` (`make` handed back if it is closed).
+    pub fn push<T, F: FnOnce() -> T>(
+        word: &LaneWord,
+        queue: &Fifo<T>,
+        make: F,
+        deep: &AtomicUsize,
+        idle: impl FnOnce() -> (bool, bool),
+    ) -> Result<AfterPush, F> {
+        super::push_then_look(word, || queue.try_push_with(make), deep, idle)
+    }
 
     /// `Lanes::free_work` over `lanes`: some lane `FREE` with items queued.
     pub fn free_work<T>(lanes: &[(&LaneWord, &Fifo<T>)]) -> bool {
@@ -312,6 +366,18 @@ pub(crate) struct Lane<K> {
     hasher: KeyHasher,
 }
 
+impl<K> Drop for Lane<K> {
+    fn drop(&mut self) {
+        // The FIFO would drop its slots' `Stored` items, whose task bytes alone leak the task:
+        // join each to its tag first.
+        // SAFETY: `&mut self`: the only popper.
+        while let Some((tag, stored)) = unsafe { self.queue.pop_tagged() } {
+            // SAFETY: `Lanes::push` stored a task's parts as the tag and the bytes; popped once.
+            drop(unsafe { LaneTask::from_parts(tag, stored.bytes) });
+        }
+    }
+}
+
 /// The key table's hasher (`shared.rs`), which the lanes share.
 pub(crate) type KeyHasher = foldhash::fast::RandomState;
 
@@ -326,7 +392,9 @@ impl<K: Hash> Lane<K> {
     #[inline(always)]
     pub(crate) unsafe fn pop(&self) -> Option<Item<K>> {
         // SAFETY: the caller owns the lane, so it is the FIFO's only popper (above).
-        let Stored { key, task } = unsafe { self.queue.pop() }?;
+        let (tag, Stored { key, bytes }) = unsafe { self.queue.pop_tagged() }?;
+        // SAFETY: `Lanes::push` stored a task's parts as the tag and the bytes; popped once.
+        let task = unsafe { LaneTask::from_parts(tag, bytes) };
         let hash = self.hasher.hash_one(&key);
         Some(Item { key, hash, task })
     }
@@ -341,7 +409,11 @@ impl<K: Hash> Lane<K> {
     pub(crate) unsafe fn look_ahead(&self) {
         // SAFETY: the caller owns the lane, so it is the FIFO's only popper; the closure only
         // hints the cache (it neither pops nor passes the lane on).
-        unsafe { self.queue.peek_with(|item| item.task.prefetch()) };
+        // The tag and bytes are one task's parts (`Lanes::push`), only looked at.
+        unsafe {
+            self.queue
+                .peek_tagged(|tag, stored| LaneTask::prefetch_parts(tag, &stored.bytes))
+        };
     }
 
     /// The owner `me` found the lane empty: releases it, then looks once more (see "Waking for
@@ -514,9 +586,11 @@ impl<K> Lanes<K> {
         let lane = &self.lanes[self.index_of(hash)];
         let stored = move || {
             let Item { key, hash: _, task } = make();
-            Stored { key, task }
+            let (tag, bytes) = task.into_parts();
+            (tag, Stored { key, bytes })
         };
-        match push_then_look(&lane.word, &lane.queue, stored, &self.deep, idle) {
+        let push = || lane.queue.try_push_tagged(stored);
+        match push_then_look(&lane.word, push, &self.deep, idle) {
             Ok(after) => Ok(after),
             Err(_unbuilt) => Err(Closed),
         }
