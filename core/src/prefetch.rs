@@ -6,7 +6,7 @@
 //! the task before. Measured (BENCHMARKS.md, "This round (runs V and W)"), with pre-boxed
 //! 100-add tasks from 4 producers: the first read of each task's box was 29% of the task
 //! call's samples; hinted one item ahead it left the profile. The worker's loop then waited on
-//! the next slot's stamp instead (45% of its samples); with the slot after hinted too, the
+//! the next slot's stamp (now its tag) instead (45% of its samples); with the slot after hinted too, the
 //! loop fell from 606 to 345 samples.
 //!
 //! A hint changes no value and never faults, even for an address that maps nothing (the CPU
