@@ -123,12 +123,12 @@
 //!   - Otherwise reserve the slot with a CAS of the position `p -> p + 1` (`SeqCst`; a failed CAS
 //!     reads the new position and the block again). Only after its CAS succeeds does a pusher
 //!     touch the block it read.
-//!   - The pusher that took the last slot (offset `BLOCK - 1`, which left the position at the
-//!     gap) installs the next block (a spare taken after its CAS, or, if it saw no spare, one
-//!     it allocated before its CAS; see "Spare blocks"), clean (see "Clean blocks"): it
-//!     stores the tail block (Release), then moves the position past the gap to the next lap's offset 0 (Release;
-//!     nobody else moves the position while it is at the gap), then links `next` from the old
-//!     block (Release). Only then does it write its own slot.
+//!   - The pusher that took the last slot (offset `BLOCK - 1`, which left the position at the gap)
+//!     installs the next block (a spare taken after its CAS, or, if it saw no spare, one it
+//!     allocated before its CAS; see "Spare blocks"), clean (see "Clean blocks"): it stores the
+//!     tail block (Release), then moves the position past the gap to the next lap's offset 0
+//!     (Release; nobody else moves the position while it is at the gap), then links `next` from the
+//!     old block (Release). Only then does it write its own slot.
 //!   - Writing the slot: the item (built only now by [`Fifo::push_with`]'s `make`, which must
 //!     not unwind: the popper waits for the slot, so an unwinding `make` aborts), then the
 //!     tag (Release; never 0). That store is the pusher's last access to the block.
@@ -148,18 +148,18 @@
 //!   modification order (its item is in the FIFO) or refused. The installer moves the position
 //!   past the gap with an add, not a store, so a close that lands while the position is at the
 //!   gap is kept. Everything that compares positions masks the bit off.
-//! - **Pop** (only the popper, [`Fifo::pop`] is `unsafe` for that). Compare the head position
-//!   with the tail's: equal means empty. The popper compares with the tail it read last
-//!   (`tail_seen`, its own), and reads the tail again (Acquire) only when the head has caught up
-//!   with that *and* finds the head's slot not yet written (a written slot is proof enough that
-//!   the tail is past it; a block is clean when it enters the FIFO, so no tag is stale):
-//!   a tail once read stays reserved, and a written slot needs no tail, so while items flow the
-//!   popper does not pull the pushers' line to its core at every pop. Otherwise the head's slot
-//!   was reserved; wait until its tag is not 0 (Acquire: the item and, for a last slot, the
-//!   `next` link are visible), read the item, and advance the head (a Release store: a reader that sees the
-//!   old head only thinks the FIFO is longer than it is). After the last slot of a block the popper follows `next`
-//!   (stored before that slot was written), skips the gap, and gives the old block to the spares
-//!   (or, when they are full, to its excess list, or frees it; see "Spare blocks").
+//! - **Pop** (only the popper, [`Fifo::pop`] is `unsafe` for that). Compare the head position with
+//!   the tail's: equal means empty. The popper compares with the tail it read last (`tail_seen`,
+//!   its own), and reads the tail again (Acquire) only when the head has caught up with that *and*
+//!   finds the head's slot not yet written (a written slot is proof enough that the tail is past
+//!   it; a block is clean when it enters the FIFO, so no tag is stale): a tail once read stays
+//!   reserved, and a written slot needs no tail, so while items flow the popper does not pull the
+//!   pushers' line to its core at every pop. Otherwise the head's slot was reserved; wait until its
+//!   tag is not 0 (Acquire: the item and, for a last slot, the `next` link are visible), read the
+//!   item, and advance the head (a Release store: a reader that sees the old head only thinks the
+//!   FIFO is longer than it is). After the last slot of a block the popper follows `next` (stored
+//!   before that slot was written), skips the gap, and gives the old block to the spares (or, when
+//!   they are full, to its excess list, or frees it; see "Spare blocks").
 //! - **Peek** (only the popper, [`Fifo::peek_with`]). Read the head's slot as a pop does (its
 //!   tag Acquire, not 0, or nothing), lend the item to the caller's closure, and move nothing:
 //!   no head store, no block given up. The item stays for the next pop, which reads the same
@@ -174,14 +174,14 @@
 //! - Per pusher, its items take increasing positions; the popper reads positions in order. So
 //!   the pop order is the order in which the CASes succeeded, which respects each thread's push
 //!   order (and any order established between pushes by happens-before).
-//! - A block is given up (to the spares, to the popper's excess list, or freed) by the popper
-//!   after it read every slot of the block, that is after every pusher of the block stored its
-//!   tag (its last access). A pusher whose CAS failed never touched the block. So nobody uses
-//!   a block after it is given up, until an installer takes it from the spares (Acquire),
-//!   cleans it and links it in as new. The excess list (with its length and `peak`) is touched by the popper
-//!   alone, whose turn passes with Release/Acquire, so its `Relaxed` loads and stores need
-//!   nothing more. The popper's `Relaxed` read of the tail in `retire` only sizes the list's
-//!   bound: a stale value keeps or frees one block more or less, never one in use.
+//! - A block is given up (to the spares, to the popper's excess list, or freed) by the popper after
+//!   it read every slot of the block, that is after every pusher of the block stored its tag (its
+//!   last access). A pusher whose CAS failed never touched the block. So nobody uses a block after
+//!   it is given up, until an installer takes it from the spares (Acquire), cleans it and links it
+//!   in as new. The excess list (with its length and `peak`) is touched by the popper alone, whose
+//!   turn passes with Release/Acquire, so its `Relaxed` loads and stores need nothing more. The
+//!   popper's `Relaxed` read of the tail in `retire` only sizes the list's bound: a stale value
+//!   keeps or frees one block more or less, never one in use.
 //! - Emptiness, [`Fifo::is_empty`]: two `SeqCst` loads (head, then tail). A push's reserving CAS
 //!   is `SeqCst` too, so a thread that fences `SeqCst` after its push
 //!   and a thread that fences before its emptiness check cannot both miss each other (the lane's
@@ -624,8 +624,9 @@ impl<T> Fifo<T> {
         slots_before(self.tail.end.index.load(Ordering::Acquire) & !CLOSED)
     }
 
-    /// Reserves the next slot (see "Protocol"), or `None` once the FIFO is closed. Lock-free except that a pusher waits while another
-    /// one, which took a block's last slot, installs the next block (two stores).
+    /// Reserves the next slot (see "Protocol"), or `None` once the FIFO is closed. Lock-free except
+    /// that a pusher waits while another one, which took a block's last slot, installs the next
+    /// block (two stores).
     ///
     /// Inline, the common case: an open FIFO, a slot that is not its block's last, and a CAS
     /// that succeeds at the first try. Anything else starts over in

@@ -1,13 +1,13 @@
 //! Cache hints: ask the CPU to start fetching a line that will be read soon.
 //!
-//! A lane's owner runs one task and then reads the next item (its slot, then the task's own
-//! data). Both lines were written by another thread, often long ago, so each read is a miss
-//! that the task's own work could have hidden: hint them one task ahead and the miss overlaps
-//! the task before. Measured (BENCHMARKS.md, "This round (runs V and W)"), with pre-boxed
-//! 100-add tasks from 4 producers: the first read of each task's box was 29% of the task
-//! call's samples; hinted one item ahead it left the profile. The worker's loop then waited on
-//! the next slot's stamp (now its tag) instead (45% of its samples); with the slot after hinted too, the
-//! loop fell from 606 to 345 samples.
+//! A lane's owner runs one task and then reads the next item (its slot, then the task's own data).
+//! Both lines were written by another thread, often long ago, so each read is a miss that the
+//! task's own work could have hidden: hint them one task ahead and the miss overlaps the task
+//! before. Measured (BENCHMARKS.md, "This round (runs V and W)"), with pre-boxed 100-add tasks from
+//! 4 producers: the first read of each task's box was 29% of the task call's samples; hinted one
+//! item ahead it left the profile. The worker's loop then waited on the next slot's stamp (now its
+//! tag) instead (45% of its samples); with the slot after hinted too, the loop fell from 606 to 345
+//! samples.
 //!
 //! A hint changes no value and never faults, even for an address that maps nothing (the CPU
 //! drops it), so the crate's own `prefetch` and `prefetch_write` take any pointer (they are

@@ -454,13 +454,13 @@ fn a_third_thread_pops_while_two_pushers_race() {
 
 #[test]
 fn a_peek_sees_what_the_next_pop_takes() {
-    // A pusher pushes five items (three blocks of two: the third block's install takes the
-    // first block back from the spares if the popper has given it up by then, and cleans it, so
-    // a later peek reads slots whose tags were cleared after their first use) while the popper peeks before
-    // every pop, as a lane's owner looks ahead. A peek that sees an item sees the one the next
-    // pop returns; a peek that sees none is followed by a pop that may find the item written
-    // since, never a different one. Outcomes: a peek saw an item; a peek saw none; the third
-    // block was the spare; the third block was new.
+    // A pusher pushes five items (three blocks of two: the third block's install takes the first
+    // block back from the spares if the popper has given it up by then, and cleans it, so a later
+    // peek reads slots whose tags were cleared after their first use) while the popper peeks before
+    // every pop, as a lane's owner looks ahead. A peek that sees an item sees the one the next pop
+    // returns; a peek that sees none is followed by a pop that may find the item written since,
+    // never a different one. Outcomes: a peek saw an item; a peek saw none; the third block was the
+    // spare; the third block was new.
     const N: usize = 5;
     static OUTCOMES: [StdAtomicUsize; 4] = counters!(4);
     builder().check(|| {

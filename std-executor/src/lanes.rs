@@ -1,13 +1,13 @@
 //! Lanes: the front door of every keyed submission.
 //!
-//! Keys hash onto a fixed number of *lanes* (twice the core workers, a power of two); each lane
-//! is a FIFO of items (key and task, [`Stored`]; the owner hashes the key again when it pops
-//! it) in submission order, stored in the FIFO's slots themselves (core's [`keyserial_core::fifo`]). A lane is not tied to a thread:
-//! any worker may *own* it, and only its owner pops it, under core's lane word
-//! ([`keyserial_core::lane`], whose module docs give the ownership protocol and the steal). A
-//! plain task of a key that holds no state runs straight from the lane: no key table, no chain,
-//! no per-key allocation, and the worker reads tasks in the order they were written, several to
-//! a cache line. Keys that need state (a `submit_latest` slot, a permit wait, a task queued
+//! Keys hash onto a fixed number of *lanes* (twice the core workers, a power of two); each lane is
+//! a FIFO of items (key and task, [`Stored`]; the owner hashes the key again when it pops it) in
+//! submission order, stored in the FIFO's slots themselves (core's [`keyserial_core::fifo`]). A
+//! lane is not tied to a thread: any worker may *own* it, and only its owner pops it, under core's
+//! lane word ([`keyserial_core::lane`], whose module docs give the ownership protocol and the
+//! steal). A plain task of a key that holds no state runs straight from the lane: no key table, no
+//! chain, no per-key allocation, and the worker reads tasks in the order they were written, several
+//! to a cache line. Keys that need state (a `submit_latest` slot, a permit wait, a task queued
 //! behind one) are *tracked*: the owner routes their items onto the key's chain, in lane order
 //! (`route.rs`). A key whose task blocks is *deferred* when an idle worker takes the lane over
 //! (`deferral.rs`): only that key waits.
@@ -74,12 +74,12 @@
 //! lane's FIFO is a loom-aware stand-in for core's `Fifo` (see [`Fifo`]), so the models in
 //! `loom/tests/lanes.rs` run this very code over core's real lane word.
 
+use std::hash::{BuildHasher, Hash};
+
 use crossbeam_utils::CachePadded;
 use keyserial_core::lane::{Lane as LaneWord, Phase, Watch};
 
 use crate::deferral::Deferrals;
-use std::hash::{BuildHasher, Hash};
-
 use crate::lane_task::{Item, LaneTask, Stored};
 use crate::sync::{fence, Arc, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
@@ -253,8 +253,8 @@ pub enum AfterPush {
 /// `SeqCst`; `Err` if the lane is closed), then this reads `idle()` (whether some worker is
 /// registered asleep, and whether some worker is searching: one `SeqCst` load of the sleep
 /// word) and, only if a worker sleeps and none searches, the lane's phase and `deep`
-/// (`SeqCst`). No fence: the push's `SeqCst` CAS
-/// pairs with the workers' fences (module docs), except under loom, which needs the fence.
+/// (`SeqCst`). No fence: the push's `SeqCst` CAS pairs with the workers' fences (module docs),
+/// except under loom, which needs the fence.
 #[inline]
 pub fn push_then_look<E>(
     word: &LaneWord,
@@ -382,7 +382,10 @@ impl<K> Drop for Lane<K> {
 pub(crate) type KeyHasher = foldhash::fast::RandomState;
 
 impl<K: Hash> Lane<K> {
-    /// Takes the lane's oldest item, if any.
+    /// Takes the lane's oldest item, if any, with its key's hash computed again (the slot does
+    /// not store it). The submitter hashed the same key with the same hasher, so for a key
+    /// whose `Hash` is deterministic (as every `HashMap` key's must be) the two agree; the
+    /// submitter's hash already chose this lane, so it did not panic either.
     ///
     /// # Safety
     ///
