@@ -125,10 +125,11 @@
 //!     touch the block it read.
 //!   - The pusher that took the last slot (offset `BLOCK - 1`, which left the position at the gap)
 //!     installs the next block (a spare taken after its CAS, or, if it saw no spare, one it
-//!     allocated before its CAS; see "Spare blocks"), clean (see "Clean blocks"): it stores the
-//!     tail block (Release), then moves the position past the gap to the next lap's offset 0
-//!     (Release; nobody else moves the position while it is at the gap), then links `next` from the
-//!     old block (Release). Only then does it write its own slot.
+//!     allocated before its CAS, or one it allocates after it if the spare it saw was taken
+//!     meanwhile; see "Spare blocks"), clean (see "Clean blocks"): it stores the tail block
+//!     (Release), then moves the position past the gap to the next lap's offset 0 (Release; nobody
+//!     else moves the position while it is at the gap), then links `next` from the old block
+//!     (Release). Only then does it write its own slot.
 //!   - Writing the slot: the item (built only now by [`Fifo::push_with`]'s `make`, which must
 //!     not unwind: the popper waits for the slot, so an unwinding `make` aborts), then the
 //!     tag (Release; never 0). That store is the pusher's last access to the block.

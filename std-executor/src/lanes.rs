@@ -358,6 +358,9 @@ pub(crate) const STOPPER: usize = keyserial_core::lane::MAX_WORKER;
 /// One lane: its ownership word, its FIFO and the keys deferred from it.
 pub(crate) struct Lane<K> {
     pub(crate) word: CachePadded<LaneWord>,
+    /// Every item on it is pushed by [`Lanes::push`], with its task's table as the slot's tag
+    /// ([`LaneTask::into_parts`]), which [`Lane::pop`] turns back into the table: push onto it
+    /// no other way (an untagged push would hand `pop` a tag that is no table).
     pub(crate) queue: Fifo<Stored<K>>,
     /// Keys whose items go to a deferral (only the lane's owner touches it).
     pub(crate) deferrals: Deferrals<K>,
@@ -383,9 +386,10 @@ pub(crate) type KeyHasher = foldhash::fast::RandomState;
 
 impl<K: Hash> Lane<K> {
     /// Takes the lane's oldest item, if any, with its key's hash computed again (the slot does
-    /// not store it). The submitter hashed the same key with the same hasher, so for a key
-    /// whose `Hash` is deterministic (as every `HashMap` key's must be) the two agree; the
-    /// submitter's hash already chose this lane, so it did not panic either.
+    /// not store it). The submitter hashed the key, or the key it cloned this one from, with
+    /// the same hasher, so for a key type whose `Hash` is deterministic and agrees with its
+    /// `Clone` (as every `HashMap` key's must) the two agree. The task is rejoined before the
+    /// hash runs, so a `Hash` that panics here still drops it.
     ///
     /// # Safety
     ///

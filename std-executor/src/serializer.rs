@@ -488,8 +488,9 @@ where
         }
         // Every keyed task enters through its key's lane, in submission order (`lanes.rs`),
         // and is admitted by the reservation of its slot. The item is built in that slot once
-        // reserved (`Fifo::try_push_with`): key clones and hashing, which run user code that
-        // may panic, come before.
+        // reserved (`Fifo::try_push_tagged`): key clones and hashing, which run user code that
+        // may panic, come before. (The lane's owner hashes the key again when it pops it,
+        // `Lane::pop`.)
         let mut key = Some(key);
         let pushed = sh.push_keyed(hash, || Item {
             key: key.take().expect("built once"),
