@@ -31,6 +31,10 @@
 //!   are full, so it goes to A's excess list (the popper's alone, `Relaxed`), and passes the turn
 //!   to B while a pusher pushes; the first of B's pops that finds the FIFO empty frees the list.
 //!   B sees A's list (no block leaks) and frees it once.
+//! - [`a_spare_refilled_from_the_excess_list_is_cleaned_before_reuse`]: a block goes from the
+//!   popper's excess list to the spares (`refill_spares`) and a pusher's install takes it, with
+//!   the tags of its earlier use, while a popper pops every item and checks its tag: the
+//!   installer's cleaning covers blocks that come back by way of the excess list too.
 //! - [`push_vs_emptiness_check`] and [`push_vs_popper_going_idle`]: the pairing a lane's wake
 //!   protocol relies on (Dekker). A pusher does `push; fence(SeqCst); read F`; the other thread
 //!   does `F = true; fence(SeqCst); is_empty()`. Never both "F was false" and "empty" while the
@@ -661,6 +665,56 @@ fn the_excess_list_passes_with_the_popper_turn() {
         count(&OUTCOMES, usize::from(waited));
     });
     assert_all_reached(&OUTCOMES, &["B never waited", "B waited for the pusher"]);
+}
+
+#[test]
+fn a_spare_refilled_from_the_excess_list_is_cleaned_before_reuse() {
+    // One thread sets up, alone: 8 items (blocks B0-B3 full, B4 installed), 6 popped (B0 and
+    // B1 to the spares, B2 to the excess list), 4 more pushed (their installs take B1 and B0),
+    // 2 more popped (B3 to the spares, then the refill moves B2 from the excess list on top
+    // of it). Then a pusher pushes 12-14, whose install at item 13 takes B2, with the tags of
+    // items 4 and 5 still in it, while a popper pops 8-14, each with its own tag. Without the
+    // installer's cleaning, the popper would read item 4 again from B2's first slot before
+    // item 14 is written. Outcomes: the popper waited for the pusher, or did not.
+    static OUTCOMES: [StdAtomicUsize; 2] = counters!(2);
+    builder().check(|| {
+        let blocks = Blocks::start();
+        let q = blocks.fifo();
+        (0..8).for_each(|i| push_tagged(&q, (0, i)));
+        // SAFETY: the only popper until the threads start.
+        let (first, _) = unsafe { pop_n_tagged(&q, 6) };
+        assert_eq!(first, (0..6).map(|i| (0, i)).collect::<Vec<_>>());
+        (8..12).for_each(|i| push_tagged(&q, (0, i)));
+        // SAFETY: as above.
+        let (second, _) = unsafe { pop_n_tagged(&q, 2) };
+        assert_eq!(second, vec![(0, 6), (0, 7)]);
+        assert_eq!(blocks.made(), 5, "B0-B4, then only spares reused");
+        let pusher = {
+            let q = q.clone();
+            thread::spawn(move || (12..15).for_each(|i| push_tagged(&q, (0, i))))
+        };
+        let popper = {
+            let q = q.clone();
+            // SAFETY: the only popper from here on.
+            thread::spawn(move || unsafe { pop_n_tagged(&q, 7) })
+        };
+        pusher.join().unwrap();
+        let (got, waited) = popper.join().unwrap();
+        assert_eq!(got, (8..15).map(|i| (0, i)).collect::<Vec<_>>());
+        assert_eq!(blocks.made(), 5, "the install at item 13 reused a spare");
+        // SAFETY: every other thread is joined.
+        unsafe { assert_empty(&q) };
+        drop(q);
+        blocks.assert_freed();
+        count(&OUTCOMES, usize::from(waited));
+    });
+    assert_all_reached(
+        &OUTCOMES,
+        &[
+            "the popper never waited",
+            "the popper waited for the pusher",
+        ],
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
