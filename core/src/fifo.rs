@@ -979,10 +979,9 @@ impl<T> Fifo<T> {
             prefetch(next_slot);
         }
         Some(slot.value.with(|p| {
-            // SAFETY: the tag (Acquire) shows the pusher's write (the block entered clean, so
-            // a tag that is not 0 is this lap's); only the popper (the caller) reads the slot,
-            // unread until its next pop, and `f`'s shared borrow ends before that (`f` may
-            // neither pop nor pass on the turn: the caller's contract).
+            // SAFETY: the tag (Acquire) shows this lap's write (the block entered clean); only
+            // the popper reads the slot, unread until its next pop, and `f`'s borrow ends first
+            // (it may neither pop nor pass on the turn: the caller's contract).
             f(tag, unsafe { (*p).assume_init_ref() })
         }))
     }
@@ -1484,21 +1483,46 @@ mod tests {
         assert!(q.is_empty());
     }
 
-    #[test]
-    fn concurrent_pushers_keep_their_order_against_a_popper() {
-        let per = if cfg!(miri) { 2 * BLOCK + 2 } else { 50_000 };
+    /// The tag of `(t, i)`: distinct per item, never 0.
+    fn tag_of(t: usize, i: usize) -> Tag {
+        Tag::new((i << 1 | t) + 1).unwrap()
+    }
+
+    /// Two pushers against a popper, blocks reused many times over: each pusher's items come
+    /// out in its order, once each. `tagged`: each item is pushed with its own tag, and every
+    /// pop and peek must see that tag, never one left from a block's earlier lap; otherwise
+    /// plain pushes and pops.
+    fn two_pushers_against_a_popper(tagged: bool) {
+        let per = if cfg!(miri) { 3 * BLOCK + 2 } else { 50_000 };
         let q = Arc::new(Fifo::new());
         let pushers: Vec<_> = (0..2)
             .map(|t| {
                 let q = q.clone();
-                std::thread::spawn(move || (0..per).for_each(|i| q.push((t, i))))
+                std::thread::spawn(move || {
+                    for i in 0..per {
+                        if tagged {
+                            assert!(q.try_push_tagged(|| (tag_of(t, i), (t, i))).is_ok());
+                        } else {
+                            q.push((t, i));
+                        }
+                    }
+                })
             })
             .collect();
         let mut next = [0usize; 2];
         let mut got = 0;
         while got < 2 * per {
-            // SAFETY: this thread is the only popper.
-            if let Some((t, i)) = unsafe { q.pop() } {
+            if tagged {
+                // SAFETY: this thread is the only popper; the closure only reads.
+                let peeked = unsafe { q.peek_tagged(|tag, &(t, i)| (tag, tag_of(t, i))) };
+                if let Some((tag, want)) = peeked {
+                    assert_eq!(tag, want);
+                }
+            }
+            // SAFETY: as above.
+            if let Some((tag, (t, i))) = unsafe { q.pop_tagged() } {
+                let want = if tagged { tag_of(t, i) } else { UNTAGGED };
+                assert_eq!(tag, want);
                 assert_eq!(i, next[t], "pusher {t} out of order");
                 next[t] += 1;
                 got += 1;
@@ -1511,50 +1535,14 @@ mod tests {
         assert_eq!(next, [per, per]);
     }
 
-    /// The tag of `(t, i)`: distinct per item, never 0.
-    fn tag_of(t: usize, i: usize) -> Tag {
-        Tag::new((i << 1 | t) + 1).unwrap()
+    #[test]
+    fn concurrent_pushers_keep_their_order_against_a_popper() {
+        two_pushers_against_a_popper(false);
     }
 
     #[test]
     fn tags_come_back_with_their_items_across_reused_blocks() {
-        // Two pushers, distinct tags per item, blocks reused many times over: every pop and
-        // peek sees the tag its item was pushed with, never one left from a block's earlier
-        // lap.
-        let per = if cfg!(miri) { 3 * BLOCK + 2 } else { 50_000 };
-        let q = Arc::new(Fifo::new());
-        let pushers: Vec<_> = (0..2)
-            .map(|t| {
-                let q = q.clone();
-                std::thread::spawn(move || {
-                    for i in 0..per {
-                        assert!(q.try_push_tagged(|| (tag_of(t, i), (t, i))).is_ok());
-                    }
-                })
-            })
-            .collect();
-        let mut next = [0usize; 2];
-        let mut got = 0;
-        while got < 2 * per {
-            // SAFETY: this thread is the only popper; the closure only reads.
-            let peeked = unsafe { q.peek_tagged(|tag, &(t, i)| (tag, tag_of(t, i))) };
-            if let Some((tag, want)) = peeked {
-                assert_eq!(tag, want);
-            }
-            // SAFETY: as above.
-            if let Some((tag, (t, i))) = unsafe { q.pop_tagged() } {
-                assert_eq!(tag, tag_of(t, i));
-                assert_eq!(i, next[t], "pusher {t} out of order");
-                next[t] += 1;
-                got += 1;
-            } else {
-                std::thread::yield_now();
-            }
-        }
-        pushers.into_iter().for_each(|p| p.join().unwrap());
-        assert_eq!(next, [per, per]);
-        // SAFETY: as above.
-        assert_eq!(unsafe { q.pop_tagged() }, None);
+        two_pushers_against_a_popper(true);
     }
 
     #[test]
