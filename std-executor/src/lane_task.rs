@@ -115,6 +115,17 @@ const fn fits<T>() -> bool {
     size_of::<T>() <= size_of::<Words>() && align_of::<T>() <= align_of::<Words>()
 }
 
+/// The table a tag stands for ([`LaneTask::into_parts`]).
+///
+/// # Safety
+///
+/// `tag` is the address of a `&'static Ops`, as `into_parts` makes it.
+#[inline(always)]
+unsafe fn ops_of(tag: Tag) -> &'static Ops {
+    // SAFETY: the caller's contract: a live, static table.
+    unsafe { &*(tag.get() as *const Ops) }
+}
+
 /// Moves `value` into the bytes of a task. The caller keeps the bytes with `T`'s table.
 fn stash<T: Store>(value: T) -> LaneTask {
     assert!(fits::<T>(), "a stored task fits in its slot");
@@ -197,8 +208,8 @@ impl LaneTask {
     /// `tag` and `bytes` come from one call of `into_parts`, and neither was used since.
     #[inline(always)]
     pub(crate) unsafe fn from_parts(tag: Tag, bytes: TaskBytes) -> LaneTask {
-        // SAFETY: the caller's contract: `tag` is the address of the task's `&'static Ops`.
-        let ops = unsafe { &*(tag.get() as *const Ops) };
+        // SAFETY: the caller's contract: `tag` is the table `into_parts` made it from.
+        let ops = unsafe { ops_of(tag) };
         LaneTask { data: bytes.0, ops }
     }
 
@@ -211,8 +222,8 @@ impl LaneTask {
     /// `tag` and `bytes` are the parts of one task (`into_parts`), still unused.
     #[inline(always)]
     pub(crate) unsafe fn prefetch_parts(tag: Tag, bytes: &TaskBytes) {
-        // SAFETY: the caller's contract, as in `from_parts`.
-        let ops = unsafe { &*(tag.get() as *const Ops) };
+        // SAFETY: the caller's contract: `tag` is the table `into_parts` made it from.
+        let ops = unsafe { ops_of(tag) };
         if ops.first_word {
             // SAFETY: `bytes` is four word-aligned words of our own, so its first word is in
             // bounds and aligned; `prefetch_pointee` allows bytes that are padding or were
