@@ -359,9 +359,11 @@ pub(crate) const STOPPER: usize = keyserial_core::lane::MAX_WORKER;
 pub(crate) struct Lane<K> {
     pub(crate) word: CachePadded<LaneWord>,
     /// Every item on it is pushed by [`Lanes::push`], with its task's table as the slot's tag
-    /// ([`LaneTask::into_parts`]), which [`Lane::pop`] turns back into the table: push onto it
-    /// no other way (an untagged push would hand `pop` a tag that is no table).
-    pub(crate) queue: Fifo<Stored<K>>,
+    /// ([`LaneTask::into_parts`]), which [`Lane::pop`] turns back into the table: an untagged
+    /// push would hand `pop` a tag that is no table. Private, so only this module reaches the
+    /// FIFO, and in it only `Lanes::push` pushes (the rest of the crate sees the lane through
+    /// `Lane`'s and `Lanes`' methods, none of which pushes).
+    queue: Fifo<Stored<K>>,
     /// Keys whose items go to a deferral (only the lane's owner touches it).
     pub(crate) deferrals: Deferrals<K>,
     /// The key table's hasher: a popped item's hash is its key's, computed again (see
@@ -421,6 +423,18 @@ impl<K: Hash> Lane<K> {
             self.queue
                 .peek_tagged(|tag, stored| LaneTask::prefetch_parts(tag, &stored.bytes))
         };
+    }
+
+    /// Whether the lane holds no item (a snapshot).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// How many items the lane holds (a snapshot).
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.queue.len()
     }
 
     /// The owner `me` found the lane empty: releases it, then looks once more (see "Waking for

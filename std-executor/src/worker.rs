@@ -647,12 +647,12 @@ where
             // moves onto its chain (see "Fairness in a lane"), and so does a key shed to an idle
             // sibling (see "Sharing a lane with an idle worker").
             let shed_now = std::mem::take(&mut shed);
-            let hot = shed_now || (streak.0 == hash && streak.1 >= fair && !lane.queue.is_empty());
+            let hot = shed_now || (streak.0 == hash && streak.1 >= fair && !lane.is_empty());
             if popped % SHED_EVERY == 0 {
                 let few_keys = std::mem::take(&mut seen_keys).count_ones() <= FEW_KEYS;
                 shed = few_keys
                     && self.sibling_idle()
-                    && lane.queue.len() >= budget
+                    && lane.len() >= budget
                     && !sh.lanes.free_work_except(l);
             }
             let next_streak = if streak.0 == hash {
@@ -890,7 +890,7 @@ where
             let prev = self.watched[l].take();
             let was_free = std::mem::take(&mut self.seen_free[l]);
             let lane = lanes.get(l);
-            if lane.queue.is_empty() {
+            if lane.is_empty() {
                 continue;
             }
             if lane.word.phase() == Phase::Free {
