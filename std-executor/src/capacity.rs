@@ -162,6 +162,38 @@ impl Capacity {
     }
 }
 
+/// A slot a submission holds until it is admitted. Dropped without [`keep`](Self::keep) (the
+/// submission was refused, or user code on its way, its key's `Hash`, `Eq` or `Clone`,
+/// panicked) it gives the slot back, so no path leaks one.
+#[must_use = "dropping a reservation gives its slot back at once"]
+pub(crate) struct Reservation<'a>(Option<&'a Capacity>);
+
+impl<'a> Reservation<'a> {
+    /// No capacity limit: nothing to give back.
+    pub(crate) fn unlimited() -> Self {
+        Reservation(None)
+    }
+
+    /// A slot already taken from `cap`.
+    pub(crate) fn taken(cap: &'a Capacity) -> Self {
+        Reservation(Some(cap))
+    }
+
+    /// The submission was admitted: the slot now belongs to its task, which gives it back
+    /// when it starts or leaves.
+    pub(crate) fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if let Some(cap) = self.0 {
+            cap.release();
+        }
+    }
+}
+
 /// Whether a blocked submitter has spun long enough to sleep: until crossbeam's backoff is
 /// completed (its spins, then a few `yield_now`s), or, under loom, after one round, so that the
 /// models reach the sleep without exploring every round of a spin that only retries
@@ -224,6 +256,23 @@ mod tests {
             assert!(w.join().unwrap(), "every blocked submitter got a slot");
         }
         assert!(!c.try_reserve(), "the last one still holds the slot");
+    }
+
+    #[test]
+    fn an_unkept_reservation_gives_its_slot_back_also_on_unwind() {
+        let c = Capacity::new(1);
+        assert!(c.try_reserve());
+        drop(Reservation::taken(&c));
+        assert!(c.try_reserve(), "a dropped reservation freed its slot");
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _held = Reservation::taken(&c);
+            crate::test_util::quiet_panic(1);
+        }));
+        assert!(r.is_err());
+        assert!(c.try_reserve(), "unwinding freed it too");
+        Reservation::taken(&c).keep();
+        assert!(!c.try_reserve(), "a kept reservation holds its slot");
+        Reservation::unlimited().keep();
     }
 
     #[test]

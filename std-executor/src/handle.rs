@@ -73,7 +73,9 @@ impl<T> JoinState<T> {
         };
         self.cond.notify_all();
         if let Some(w) = waker {
-            w.wake();
+            // A waker is user code (the awaiting executor's): outside the lock, and a panic
+            // in it (or in its drop) is contained, with the result already stored.
+            crate::user::call_quietly(|| w.wake());
         }
     }
 }
@@ -164,10 +166,23 @@ impl<T> Future for TaskHandle<T> {
         if let Some(r) = slot.result.take() {
             return Poll::Ready(r);
         }
-        match &slot.waker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            _ => slot.waker = Some(cx.waker().clone()),
+        if slot.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            return Poll::Pending;
         }
+        // Cloning the new waker and dropping the old one are the caller's executor's code: not
+        // under the lock. A completion between the two locks is seen by the second look; one
+        // after it takes the waker stored here.
+        drop(slot);
+        let new = cx.waker().clone();
+        let mut slot = lock(&self.state.slot);
+        if let Some(r) = slot.result.take() {
+            drop(slot);
+            drop(new);
+            return Poll::Ready(r);
+        }
+        let old = slot.waker.replace(new);
+        drop(slot);
+        drop(old);
         Poll::Pending
     }
 }

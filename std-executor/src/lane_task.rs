@@ -84,7 +84,9 @@ impl<F: FnOnce() + Send + 'static> Store for Inline<F> {
         },
         drop: |p| {
             // SAFETY: as in `run`.
-            drop(unsafe { take::<Inline<F>>(p) });
+            let Inline(f) = unsafe { take::<Inline<F>>(p) };
+            // The captures' `Drop` is user code (`user.rs`).
+            crate::user::drop_quietly(f);
         },
         node: false,
         first_word: size_of::<F>() >= size_of::<usize>(),
@@ -230,6 +232,13 @@ impl LaneTask {
             // never written, and uses the value only as the address of a hint.
             unsafe { keyserial_core::prefetch::prefetch_pointee(bytes.0.as_ptr().cast()) };
         }
+    }
+
+    /// Drops the task unrun because user code on its way to running panicked (its key's
+    /// `Hash`, `Eq` or `Clone`): a handle resolves `Panicked` with `payload`.
+    #[cold]
+    pub(crate) fn fail(self, payload: crate::user::Payload) {
+        self.into_task().fail(payload);
     }
 
     /// Runs the task (a panic is caught); `done(panicked)` runs before a handle resolves.

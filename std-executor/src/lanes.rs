@@ -388,10 +388,16 @@ pub(crate) type KeyHasher = foldhash::fast::RandomState;
 
 impl<K: Hash> Lane<K> {
     /// Takes the lane's oldest item, if any, with its key's hash computed again (the slot does
-    /// not store it). The submitter hashed the key, or the key it cloned this one from, with
-    /// the same hasher, so for a key type whose `Hash` is deterministic and agrees with its
-    /// `Clone` (as every `HashMap` key's must) the two agree. The task is rejoined before the
-    /// hash runs, so a `Hash` that panics here still drops it.
+    /// not store it: 48-byte slots instead of 56, see `lane_task.rs`; this is the one place
+    /// that hashes a key a second time). The submitter hashed the key, or the key it cloned
+    /// this one from, with the same hasher, so for a key type whose `Hash` is deterministic and
+    /// agrees with its `Clone` (as every `HashMap` key's must) the two agree; for one whose
+    /// `Hash` does not, the item may go to another key's chain or deferral: order and overlap
+    /// then mean nothing for that key, as for a `HashMap`, and nothing is lost.
+    ///
+    /// The `Hash` is user code (`user.rs`): if it panics, the item comes back as
+    /// [`KeyPanicked`], its key dropped, for the caller to fail its task; the lane is as it
+    /// would be after any pop.
     ///
     /// # Safety
     ///
@@ -399,13 +405,31 @@ impl<K: Hash> Lane<K> {
     /// the lane word passes ownership with Release/Acquire, which is what the FIFO's one
     /// popper at a time needs.
     #[inline(always)]
-    pub(crate) unsafe fn pop(&self) -> Option<Item<K>> {
+    pub(crate) unsafe fn pop(&self) -> Option<Result<Item<K>, KeyPanicked>> {
+        // SAFETY: the caller's contract.
+        let (key, task) = unsafe { self.pop_unhashed() }?;
+        Some(match crate::user::catch(|| self.hasher.hash_one(&key)) {
+            Ok(hash) => Ok(Item { key, hash, task }),
+            Err(payload) => {
+                crate::user::drop_quietly(key);
+                Err(KeyPanicked { task, payload })
+            }
+        })
+    }
+
+    /// Takes the lane's oldest item, if any, without hashing its key (`shutdown_now` and a
+    /// stopped owner hand items back: no hash needed, no user code run).
+    ///
+    /// # Safety
+    ///
+    /// As [`pop`](Self::pop).
+    #[inline(always)]
+    pub(crate) unsafe fn pop_unhashed(&self) -> Option<(K, LaneTask)> {
         // SAFETY: the caller owns the lane, so it is the FIFO's only popper (above).
         let (tag, Stored { key, bytes }) = unsafe { self.queue.pop_tagged() }?;
         // SAFETY: `Lanes::push` stored a task's parts as the tag and the bytes; popped once.
         let task = unsafe { LaneTask::from_parts(tag, bytes) };
-        let hash = self.hasher.hash_one(&key);
-        Some(Item { key, hash, task })
+        Some((key, task))
     }
 
     /// Hints the CPU to fetch the next item's task data (`lane_task.rs`, "Looking ahead"),
@@ -520,6 +544,13 @@ impl Drop for TrackToken {
     fn drop(&mut self) {
         self.tracked.lower(self.lane, self.hash);
     }
+}
+
+/// A popped item whose key's `Hash` panicked when the lane's owner hashed it again
+/// ([`Lane::pop`]): its task, to be failed with the payload.
+pub(crate) struct KeyPanicked {
+    pub(crate) task: LaneTask,
+    pub(crate) payload: crate::user::Payload,
 }
 
 /// A push refused because the lanes are closed (see "Admission"); its item was never built.

@@ -66,8 +66,17 @@ impl Job for CellJob {
     }
 
     fn abandon(self, why: Abandon) {
-        if let Some(t) = lock(&self.0).take() {
+        let task = lock(&self.0).take();
+        if let Some(t) = task {
             t.abandon(why);
+        }
+    }
+
+    fn fail(self, payload: crate::user::Payload) {
+        let task = lock(&self.0).take();
+        match task {
+            Some(t) => t.fail(payload),
+            None => crate::user::drop_payload(payload),
         }
     }
 }
@@ -102,31 +111,55 @@ impl<K: Hash + Eq + Clone> LatestCells<K> {
 
     /// `submit_latest`: replaces the key's pending latest task with `task`, or puts `task` in a
     /// new cell whose item `push` puts into the key's lane (under the lock).
+    ///
+    /// The key's `Eq` runs under the shard's lock (the look-up and the replacement must be one
+    /// step), once per key of the same hash, before anything changes: a panic in it leaves the
+    /// map as it was (`task` is then dropped unrun). `key` is the caller's own clone, moved in
+    /// (no `Clone` under the lock), and `push` runs no user code.
     pub(crate) fn offer(
         &self,
-        key: &K,
+        key: K,
         hash: u64,
         task: TaskRef,
         push: impl FnOnce(TaskRef),
     ) -> Offered {
         let mut map = lock(self.shard(hash));
+        let found = map
+            .get(&hash)
+            .and_then(|bucket| bucket.iter().position(|(k, _)| *k == key));
         let bucket = map.entry(hash).or_default();
-        if let Some((_, cell)) = bucket.iter().find(|(k, _)| k == key) {
-            let mut slot = lock(cell);
-            if let Some(old) = slot.as_mut() {
-                return Offered::Replaced(std::mem::replace(old, task));
+        let mut task = Some(task);
+        let replaced = found.and_then(|i| {
+            let mut slot = lock(&bucket[i].1);
+            let old = slot.as_mut()?;
+            Some(std::mem::replace(old, task.take().expect("offered once")))
+        });
+        let unused_key = match (replaced.is_some(), found) {
+            (true, _) => Some(key),
+            (false, Some(i)) => {
+                bucket[i].1 = Arc::new(Mutex::new(task.take()));
+                push(TaskRef::new(
+                    CellJob(bucket[i].1.clone()),
+                    Kind::LatestCell,
+                    None,
+                ));
+                Some(key)
             }
-        }
-        let cell: Cell = Arc::new(Mutex::new(Some(task)));
-        match bucket.iter_mut().find(|(k, _)| k == key) {
-            Some(entry) => entry.1 = cell.clone(),
-            None => {
-                bucket.push((key.clone(), cell.clone()));
+            (false, None) => {
+                let cell: Cell = Arc::new(Mutex::new(task.take()));
+                bucket.push((key, cell.clone()));
                 self.len.fetch_add(1, Ordering::SeqCst);
+                push(TaskRef::new(CellJob(cell), Kind::LatestCell, None));
+                None
             }
+        };
+        drop(map);
+        // A key not kept in the map: its `Drop` is the user's, outside the lock.
+        crate::user::drop_quietly(unused_key);
+        match replaced {
+            Some(old) => Offered::Replaced(old),
+            None => Offered::Pushed,
         }
-        push(TaskRef::new(CellJob(cell), Kind::LatestCell, None));
-        Offered::Pushed
     }
 
     /// Any other keyed submission of `key`, after its push: no later latest task may replace the
@@ -181,24 +214,24 @@ mod tests {
         let cells: LatestCells<u32> = LatestCells::new();
         let mut lane = Vec::new();
         assert!(matches!(
-            cells.offer(&1, 7, task(), |i| lane.push(i)),
+            cells.offer(1, 7, task(), |i| lane.push(i)),
             Offered::Pushed
         ));
         assert!(matches!(
-            cells.offer(&1, 7, task(), |i| lane.push(i)),
+            cells.offer(1, 7, task(), |i| lane.push(i)),
             Offered::Replaced(_)
         ));
         assert_eq!(lane.len(), 1, "a replacement pushes nothing");
         cells.seal(7);
         assert!(matches!(
-            cells.offer(&1, 7, task(), |i| lane.push(i)),
+            cells.offer(1, 7, task(), |i| lane.push(i)),
             Offered::Pushed
         ));
         assert_eq!(lane.len(), 2);
         let second = lane.pop().unwrap();
         assert!(cells.take(7, second).is_some());
         assert!(matches!(
-            cells.offer(&1, 7, task(), |i| lane.push(i)),
+            cells.offer(1, 7, task(), |i| lane.push(i)),
             Offered::Pushed
         ));
         // The first cell was sealed, not taken: its task is still there.

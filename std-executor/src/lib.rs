@@ -187,6 +187,7 @@ mod sync;
 mod task;
 #[cfg(test)]
 mod test_util;
+mod user;
 mod worker;
 
 pub use builder::Builder;

@@ -21,8 +21,10 @@
 //! | `-> IDLE` (`fetch_and`, keeps flags) | worker, holding nothing | — |
 //! | `fetch_or(STOP)`, then `RUNNING -> RUNNING|STOLEN` (CAS) | `shutdown_now` | — |
 //!
-//! `shutdown_now` sets `STOP` and then waits while the worker is `BUSY` (which runs no user code
-//! beyond dropping a superseded closure or waking a handle's waker). It ends up seeing either
+//! `shutdown_now` sets `STOP` and then waits while the worker is `BUSY`. A `BUSY` worker runs
+//! user code only briefly and never unwinds out of it (`user.rs`): a superseded closure's
+//! `Drop`, a handle's waker, and its keys' `Hash`, `Eq` and `Clone` while it pops and routes
+//! items. It ends up seeing either
 //! `IDLE` (the worker holds nothing, and has handed back what it held before going `IDLE`) or
 //! `RUNNING`, where its CAS to `STOLEN` gives it the chain: the worker's next transition sees
 //! `STOLEN` and leaves the chain alone. If the worker leaves `RUNNING` first, the CAS fails and

@@ -41,6 +41,7 @@ use crate::lanes::TrackToken;
 use crate::shared::Shared;
 use crate::sync::Ordering;
 use crate::task::{Kind, TaskRef};
+use crate::user::{self, Payload};
 
 /// What the router did with an item.
 pub(crate) enum Route<K> {
@@ -48,6 +49,16 @@ pub(crate) enum Route<K> {
     Direct(Item<K>),
     /// It is on its key's chain (or it superseded the key's pending latest task).
     Queued,
+    /// The key's `Hash`, `Eq` or `Clone` panicked while the router looked it up (`user.rs`):
+    /// the task is to be failed with the payload; the key is dropped, nothing else changed.
+    Failed(LaneTask, Payload),
+}
+
+/// `Route::Failed` for `task`, whose key `key` panicked with `payload`.
+#[cold]
+fn failed<K>(key: K, task: LaneTask, payload: Payload) -> Route<K> {
+    crate::user::drop_quietly(key);
+    Route::Failed(task, payload)
 }
 
 /// How an item must be routed besides what its kind and its key's state ask for.
@@ -101,30 +112,40 @@ where
     let guard = crossbeam_epoch::pin();
     // A plain item of a key without an active chain runs directly, as it is (an inline task
     // stays inline): only an item bound for a chain becomes a node.
+    //
+    // Every look-up below runs the key's `Hash` and `Eq` (and, making an entry, its `Clone`):
+    // user code, run under `user::catch` while the task is still in our hands. The table is
+    // as it was when one of them unwinds (`entry_for`).
     let mut first = None;
     if plain {
-        match sh.table.get(&item.key, &guard) {
-            Some(e) if bound_for_chain(e.value()) => first = Some(e),
-            _ => return Route::Direct(item),
+        match user::catch(|| chain_of(sh, &item.key, &guard)) {
+            Ok(Some(e)) => first = Some(e),
+            Ok(None) => return Route::Direct(item),
+            Err(payload) => return failed(item.key, item.task, payload),
         }
     }
     let Item { key, task, .. } = item;
     let mut node = task.into_task().into_raw();
+    // SAFETY (for the three `from_raw` below): `node` is the item's task, given up by
+    // `into_raw` above (or handed back by a bounced push below): ours, queued nowhere.
     loop {
-        let entry: &KeyEntry<K> = if let Some(e) = first.take() {
-            e
-        } else if plain {
-            match sh.table.get(&key, &guard) {
-                Some(e) if bound_for_chain(e.value()) => e,
-                _ => {
-                    // SAFETY: `node` is the item's task, given up by `into_raw` above (or handed
-                    // back by a bounced push below): ours, queued nowhere.
-                    let task = LaneTask::node(unsafe { TaskRef::from_raw(node) });
-                    return Route::Direct(Item { key, hash, task });
-                }
+        let found = match first.take() {
+            Some(e) => Ok(Some(e)),
+            None if plain => user::catch(|| chain_of(sh, &key, &guard)),
+            None => user::catch(|| entry_for(sh, &key, lane, hash, &guard)).map(Some),
+        };
+        let entry: &KeyEntry<K> = match found {
+            Ok(Some(e)) => e,
+            Ok(None) => {
+                // SAFETY: see above the loop.
+                let task = LaneTask::node(unsafe { TaskRef::from_raw(node) });
+                return Route::Direct(Item { key, hash, task });
             }
-        } else {
-            entry_for(sh, &key, lane, hash, &guard)
+            Err(payload) => {
+                // SAFETY: see above the loop.
+                let task = LaneTask::node(unsafe { TaskRef::from_raw(node) });
+                return failed(key, task, payload);
+            }
         };
         let ks = entry.value();
         if track == Track::Shed {
@@ -145,6 +166,20 @@ where
             }
         }
     }
+}
+
+/// The entry of `key` if a plain item of it goes onto its chain ([`bound_for_chain`]).
+fn chain_of<'g, K>(
+    sh: &'g Shared<K>,
+    key: &K,
+    guard: &'g crossbeam_epoch::Guard,
+) -> Option<&'g KeyEntry<K>>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    sh.table
+        .get(key, guard)
+        .filter(|e| bound_for_chain(e.value()))
 }
 
 /// Whether a plain item of a key with state `ks` goes onto the key's chain: while the chain is
@@ -168,11 +203,14 @@ fn entry_for<'g, K>(
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
-    // A live key is found by the plain walk; only a new key pays for the insert's path.
+    // A live key is found by the plain walk; only a new key pays for the insert's path. The
+    // key is cloned before the insert starts, so that a panicking `Clone` leaves no half-made
+    // insert behind; the insert runs only the key's `Hash` and `Eq`, neither while it holds
+    // anything of the table's (a panic there drops its unpublished entry).
     match sh.table.get(key, guard) {
         Some(entry) if !entry.value().chain.is_retired() => entry,
-        _ => sh.table.get_or_insert_cloned(
-            key,
+        _ => sh.table.get_or_insert_with(
+            key.clone(),
             || KeyState::new(TrackToken::new(&sh.lanes.tracked, lane, hash)),
             guard,
         ),

@@ -33,6 +33,8 @@ use crossbeam_deque::Worker;
 use keyserial_core::lane::Phase as LanePhase;
 
 use crate::builder::Builder;
+use crate::capacity::Reservation;
+use crate::claims::Claim;
 use crate::deferral::Deferral;
 use crate::error::{BuildError, RejectReason, Rejected};
 use crate::handle::{JoinState, OriginCheck, TaskHandle};
@@ -62,6 +64,50 @@ use crate::worker::{self, drain_chain};
 /// returns a future (`|| async { .. }`) only *creates* the future, whose body then runs out of
 /// order; and a task that waits for a later task of its own key never finishes. Share a
 /// serializer by reference (`std::thread::scope`) or through an `Arc`.
+///
+/// # Panics in user code
+///
+/// A panic in a task resolves its handle [`Panicked`](crate::TaskError::Panicked) (an
+/// [`execute`](Self::execute) task's is counted in [`Stats::panicked`]); the worker and the key
+/// go on. The same holds for every other piece of user code the serializer calls:
+///
+/// - **`Drop`s**: a task's output dropped because its handle is gone, a capture dropped because
+///   its task was superseded, cancelled or handed back and dropped, a panic payload, a waker,
+///   a semaphore's granted callback. A panic there is caught and reported only by the panic
+///   hook's message; the handle resolves as it would have (the task's value, `Superseded`,
+///   `Cancelled`).
+/// - **The key's `Hash`, `Eq` and `Clone`**, on the submitting thread: the panic reaches the
+///   caller of `submit` (as with a `HashMap`), and nothing is admitted or kept (no capacity
+///   slot, no distinct claim).
+/// - **The key's `Hash`, `Eq` and `Clone`** on a worker (a worker hashes a key again when it
+///   takes the key's task, and looks a key up when the key has a chain: a permit wait, a
+///   backlog), or when [`shutdown_now`](Self::shutdown_now) clones a key to hand its task
+///   back: that task's handle resolves `Panicked` with the key's payload (counted in
+///   `completed` and `panicked`; a handed-back one is not in `shutdown_now`'s list), and
+///   everything else goes on.
+/// - **An inconsistent key** (a `Hash` that does not agree with `Eq`, or with itself over
+///   time): as for a `HashMap`, the key's order and its exclusion mean nothing any more, but
+///   every task still runs once or has its handle resolved. Not contained: a key whose `Drop`
+///   panics when the serializer frees its state.
+///
+/// ```
+/// use std::sync::atomic::{AtomicBool, Ordering};
+/// use keyserial::Serializer;
+///
+/// static ARMED: AtomicBool = AtomicBool::new(false);
+/// struct Loud;
+/// impl Drop for Loud {
+///     fn drop(&mut self) {
+///         if ARMED.load(Ordering::SeqCst) { panic!("dropped loudly"); }
+///     }
+/// }
+/// # std::panic::set_hook(Box::new(|_| {}));
+/// let s: Serializer<u8> = Serializer::new();
+/// ARMED.store(true, Ordering::SeqCst);
+/// drop(s.submit(1, || Loud).unwrap()); // nobody wants the output: dropped on the worker
+/// assert_eq!(s.submit(1, || "still here").unwrap().join().unwrap(), "still here");
+/// ARMED.store(false, Ordering::SeqCst);
+/// ```
 ///
 /// # Dropping
 ///
@@ -135,13 +181,6 @@ where
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// A refused admission: why, and the task's node if it had already been built (the caller, which
-/// knows the node's job type, takes its closure back out).
-struct Refused {
-    reason: RejectReason,
-    node: Option<TaskRef>,
 }
 
 /// How a submission behaves when the serializer is at capacity.
@@ -273,11 +312,11 @@ where
         F: FnOnce() + Send + 'static,
     {
         let mut slot = Some(task);
-        self.admit(Some(key), Kind::Plain, Mode::Block, || {
+        self.admit(Some(key), Kind::Plain, Mode::Block, |_| {
             LaneTask::execute(slot.take().expect("built once"))
         })
-        .map_err(|r| Rejected {
-            reason: r.reason,
+        .map_err(|reason| Rejected {
+            reason,
             task: slot.take().expect("refused before the task was built"),
         })
     }
@@ -286,6 +325,12 @@ where
     /// `submit_latest` task that has not started, that task is replaced (its handle resolves
     /// [`TaskError::Superseded`](crate::TaskError::Superseded)) and this one takes its place.
     /// The newest always runs.
+    ///
+    /// "Not started" means "not yet taken by a worker": a worker takes a pending latest task
+    /// (and from then on it cannot be replaced) a little before it runs it, so a predecessor
+    /// taken just before this call returned may still run, a few microseconds after it. A task
+    /// it replaces is dropped on the calling thread, its captures' `Drop` included (a panic
+    /// there is contained: the replaced handle still resolves `Superseded`).
     ///
     /// ```
     /// use keyserial::{Builder, TaskError};
@@ -328,7 +373,21 @@ where
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        self.submit_joined(Some(key), task, Kind::Distinct, Mode::Block, None)
+        self.submit_job(
+            Some(key),
+            task,
+            Kind::Distinct,
+            Mode::Block,
+            None,
+            |f, claim| {
+                let claim = claim.expect("a distinct task has its claim");
+                move || {
+                    // Started: a new distinct task of the key is accepted from now on.
+                    drop(claim);
+                    f()
+                }
+            },
+        )
     }
 
     /// Submits a task that starts only once it holds `n` permits of `sem`, holds them while it
@@ -400,111 +459,137 @@ where
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
+        debug_assert!(kind != Kind::Distinct, "distinct tasks carry their claim");
+        self.submit_job(key, task, kind, mode, permits, |f, _| f)
+    }
+
+    /// `submit_joined` for any job closure `G` made from the user's `F` and, for a distinct
+    /// task, its key's claim (`wrap`, called only once the task is sure to be admitted).
+    fn submit_job<F, T, G>(
+        &self,
+        key: Option<K>,
+        task: F,
+        kind: Kind,
+        mode: Mode,
+        permits: Option<(Semaphore, usize)>,
+        wrap: impl FnOnce(F, Option<Claim<K>>) -> G,
+    ) -> Result<TaskHandle<T>, Rejected<F>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        G: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
         let mut slot = Some(task);
         let mut handle = None;
         let mut permits = permits;
         let mut origin = Some(self.origin_of(key.as_ref(), kind));
-        self.admit(key, kind, mode, || {
+        self.admit(key, kind, mode, |claim| {
             let state = JoinState::new(origin.take().unwrap_or_default());
             handle = Some(TaskHandle::new(state.clone()));
             let job = Joined {
-                f: slot.take().expect("built once"),
+                f: wrap(slot.take().expect("built once"), claim),
                 state,
             };
             LaneTask::node(TaskRef::new(job, kind, permits.take()))
         })
         .map(|()| handle.take().expect("handle made with the task"))
-        .map_err(|r| Rejected {
-            reason: r.reason,
-            task: match r.node {
-                // SAFETY: `submit_joined` builds its nodes from `Joined<F, T>`.
-                Some(node) => unsafe { node.into_job::<Joined<F, T>>() }.f,
-                None => slot.take().expect("rejected before the task was built"),
-            },
+        .map_err(|reason| Rejected {
+            reason,
+            task: slot.take().expect("refused before the task was built"),
         })
     }
 
     /// The one admission path: capacity, then the admission itself (see "Admission" in the
-    /// module docs), the distinct check, the push. `build` makes the task node; it runs only
-    /// once the task is sure to be accepted, so a refusal hands back the untouched closure.
+    /// module docs), the distinct claim, the push. `build` makes the task (given its claim, for
+    /// a distinct task); it runs only once the task is sure to be accepted, so a refusal hands
+    /// back the untouched closure, and it runs no user code (it is called with a lane slot
+    /// reserved, which must be filled).
+    ///
+    /// The key's `Hash`, `Eq` and `Clone` run here, on the caller's thread, before anything is
+    /// admitted: a panic in them reaches the caller, and the capacity slot (a
+    /// [`Reservation`]), a distinct claim and a gate ticket are all given back as it unwinds.
     fn admit(
         &self,
         key: Option<K>,
         kind: Kind,
         mode: Mode,
-        build: impl FnOnce() -> LaneTask,
-    ) -> Result<(), Refused> {
+        build: impl FnOnce(Option<Claim<K>>) -> LaneTask,
+    ) -> Result<(), RejectReason> {
         let sh = &*self.shared;
-        let refuse = |reason, node| {
+        let refuse = |reason| {
             sh.rejected.fetch_add(1, Ordering::Relaxed);
-            Err(Refused { reason, node })
+            Err(reason)
         };
         if sh.shutdown.load(Ordering::Acquire) {
-            return refuse(RejectReason::Shutdown, None);
+            return refuse(RejectReason::Shutdown);
         }
-        if let Some(cap) = &sh.capacity {
-            let ok = if worker::current_worker::<K>(sh.id).is_some() {
-                cap.force_reserve();
-                true
-            } else if mode == Mode::Try {
-                cap.try_reserve()
-            } else {
-                cap.reserve(|| sh.gate.is_closed() || sh.shutdown.load(Ordering::Acquire))
-            };
-            if !ok {
-                let shut = sh.shutdown.load(Ordering::Acquire);
-                let reason = if shut {
-                    RejectReason::Shutdown
+        let reservation = match &sh.capacity {
+            None => Reservation::unlimited(),
+            Some(cap) => {
+                let ok = if worker::current_worker::<K>(sh.id).is_some() {
+                    cap.force_reserve();
+                    true
+                } else if mode == Mode::Try {
+                    cap.try_reserve()
                 } else {
-                    RejectReason::Full
+                    cap.reserve(|| sh.gate.is_closed() || sh.shutdown.load(Ordering::Acquire))
                 };
-                return refuse(reason, None);
-            }
-        }
-        let release_cap = || {
-            if let Some(cap) = &sh.capacity {
-                cap.release();
+                if !ok {
+                    let shut = sh.shutdown.load(Ordering::Acquire);
+                    let reason = if shut {
+                        RejectReason::Shutdown
+                    } else {
+                        RejectReason::Full
+                    };
+                    return refuse(reason);
+                }
+                Reservation::taken(cap)
             }
         };
         let Some(key) = key else {
             // An unkeyed task is admitted by the gate.
             let Some(ticket) = sh.gate.enter() else {
-                release_cap();
-                return refuse(RejectReason::Shutdown, None);
+                return refuse(RejectReason::Shutdown);
             };
             let local = worker::current_worker::<K>(sh.id).map(|(_, d)| d);
-            sh.schedule(Runnable::Task(build().into_task()), local);
+            sh.schedule(Runnable::Task(build(None).into_task()), local);
+            reservation.keep();
             ticket.admit();
             return Ok(());
         };
         let hash = sh.hash_of(&key);
         if kind == Kind::Latest {
-            return self.admit_latest(key, hash, build, release_cap, refuse);
+            return self.admit_latest(key, hash, build, reservation, refuse);
         }
         // Keep-first: a `submit_distinct` claims its key until its task starts (`claims.rs`).
-        if kind == Kind::Distinct && !sh.claims.claim(&key, hash) {
-            release_cap();
-            return refuse(RejectReason::Duplicate, None);
-        }
+        let claim = if kind == Kind::Distinct {
+            match sh.claims.claim(&key, hash) {
+                Some(claim) => Some(claim),
+                None => return refuse(RejectReason::Duplicate),
+            }
+        } else {
+            None
+        };
         // Every keyed task enters through its key's lane, in submission order (`lanes.rs`),
         // and is admitted by the reservation of its slot. The item is built in that slot once
         // reserved (`Fifo::try_push_tagged`): key clones and hashing, which run user code that
         // may panic, come before. (The lane's owner hashes the key again when it pops it,
         // `Lane::pop`.)
-        let mut key = Some(key);
-        let pushed = sh.push_keyed(hash, || Item {
-            key: key.take().expect("built once"),
-            hash,
-            task: build(),
+        let mut parts = Some((key, claim));
+        let pushed = sh.push_keyed(hash, || {
+            let (key, claim) = parts.take().expect("built once");
+            Item {
+                key,
+                hash,
+                task: build(claim),
+            }
         });
         if pushed.is_err() {
-            let key = key.expect("refused before the item was built");
-            if kind == Kind::Distinct {
-                sh.claims.release(&key, hash);
-            }
-            release_cap();
-            return refuse(RejectReason::Shutdown, None);
+            // The key and the claim (released as it drops) go back with the refusal.
+            drop(parts);
+            return refuse(RejectReason::Shutdown);
         }
+        reservation.keep();
         sh.latest.seal(hash);
         Ok(())
     }
@@ -516,18 +601,20 @@ where
         &self,
         key: K,
         hash: u64,
-        build: impl FnOnce() -> LaneTask,
-        release_cap: impl Fn(),
-        refuse: impl Fn(RejectReason, Option<TaskRef>) -> Result<(), Refused>,
-    ) -> Result<(), Refused> {
+        build: impl FnOnce(Option<Claim<K>>) -> LaneTask,
+        reservation: Reservation<'_>,
+        refuse: impl Fn(RejectReason) -> Result<(), RejectReason>,
+    ) -> Result<(), RejectReason> {
         let sh = &*self.shared;
         let Some(ticket) = sh.gate.enter() else {
-            release_cap();
-            return refuse(RejectReason::Shutdown, None);
+            return refuse(RejectReason::Shutdown);
         };
-        let task = build();
+        // The key's `Clone` for the lane item, before anything is offered (user code: a
+        // panic here gives back the ticket and the reservation).
+        let mut lane_key = Some(key.clone());
+        let task = build(None);
         let push = |cell| {
-            let key = key.clone();
+            let key = lane_key.take().expect("pushed once");
             let pushed = sh.push_keyed(hash, || Item {
                 key,
                 hash,
@@ -535,16 +622,23 @@ where
             });
             assert!(pushed.is_ok(), "a lane closed while the gate was open");
         };
-        match sh.latest.offer(&key, hash, task.into_task(), push) {
+        let offered = sh.latest.offer(key, hash, task.into_task(), push);
+        // Unused when the task replaced its key's pending one: the user's `Drop`, contained.
+        crate::user::drop_quietly(lane_key);
+        match offered {
             Offered::Replaced(old) => {
                 old.abandon(Abandon::Superseded);
                 sh.dropped_outside.fetch_add(1, Ordering::AcqRel);
-                release_cap();
+                // The replaced task's slot is the new task's: give back the one reserved.
+                drop(reservation);
                 // No push: the gate counts this one.
                 ticket.admit();
             }
             // Pushed: its lane counts it.
-            Offered::Pushed => drop(ticket),
+            Offered::Pushed => {
+                reservation.keep();
+                drop(ticket);
+            }
         }
         Ok(())
     }
@@ -680,17 +774,17 @@ where
                     }
                     crate::sync::snooze(&backoff);
                 }
-                let mut items = lane.deferrals.take_all();
-                // SAFETY: the loop above took the lane for good (as `STOPPER`): nobody else
-                // pops it any more.
-                while let Some(item) = unsafe { lane.pop() } {
-                    items.push(item);
-                }
+                let items = lane.deferrals.take_all();
                 out.extend(
                     items
                         .into_iter()
                         .map(|i| PendingTask::new(Some(i.key), i.task.into_task())),
                 );
+                // SAFETY: the loop above took the lane for good (as `STOPPER`): nobody else
+                // pops it any more.
+                while let Some((key, task)) = unsafe { lane.pop_unhashed() } {
+                    out.push(PendingTask::new(Some(key), task.into_task()));
+                }
             }
         }
         // 5. What workers handed back meanwhile: the lanes whose owner left a task after step
@@ -715,7 +809,18 @@ where
         // SAFETY: as above.
         unsafe { drain_chain(entry, &mut tasks) };
         for t in tasks {
-            out.push(PendingTask::new(Some(entry.key().clone()), t));
+            // The key's `Clone` is user code: a task whose key cannot be cloned is not handed
+            // back but resolves `Panicked` with the key's payload (`user.rs`).
+            match crate::user::catch(|| entry.key().clone()) {
+                Ok(key) => out.push(PendingTask::new(Some(key), t)),
+                Err(payload) => {
+                    self.shared.dropped_outside.fetch_add(1, Ordering::AcqRel);
+                    if let Some(c) = &self.shared.capacity {
+                        c.release();
+                    }
+                    t.fail(payload);
+                }
+            }
         }
         // SAFETY: as above: we own the drained chain, and it is an entry of our table.
         unsafe { crate::idle::release_drained(&self.shared, e) };

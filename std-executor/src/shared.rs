@@ -51,7 +51,7 @@ pub(crate) struct Shared<K> {
     /// Per worker slot: the deferral a thief hands the worker it took a lane from.
     pub(crate) mailboxes: Box<[CachePadded<Mailbox<Deferral<K>>>]>,
     /// `submit_distinct`'s claims (`claims.rs`).
-    pub(crate) claims: Claims<K>,
+    pub(crate) claims: std::sync::Arc<Claims<K>>,
     /// `submit_latest`'s pending tasks (`latest_cells.rs`).
     pub(crate) latest: LatestCells<K>,
     pub(crate) slots: Box<[Slot<K>]>,

@@ -18,7 +18,10 @@ pub(crate) use loom::sync::atomic::{
 pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// Locks a mutex, ignoring poisoning: every critical section in this crate leaves its data
-/// consistent before it can panic, and user code never runs while one of our locks is held.
+/// consistent before it can panic. User code runs under one of our locks only where the check
+/// and the change must be one step, and there before anything changes (`user.rs` lists them:
+/// a key's `Eq`/`Clone` in `claims.rs` and `latest_cells.rs`, the routing under a deferral's
+/// lock, whose user code is caught before it can unwind).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     #[cfg(not(loom))]
     {

@@ -10,9 +10,7 @@
 //! runs once or has its handle resolved (`Cancelled` / `Superseded`), never both and never neither.
 
 use std::alloc::Layout;
-use std::any::Any;
 use std::fmt;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 
 use keyserial_core::chain::{Link, Linked};
@@ -22,6 +20,7 @@ use crate::handle::JoinState;
 use crate::nodes;
 use crate::semaphore::{Permit, Semaphore};
 use crate::sync::Arc;
+use crate::user::{self, drop_payload, Payload};
 
 /// What kind of submission made the node; the drainer treats each kind differently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +45,9 @@ pub(crate) enum Abandon {
 }
 
 /// A job: the user's closure plus how to report its outcome.
+///
+/// Every method contains the user code it runs (the closure, its captures' and its output's
+/// `Drop`s, a waker): none unwinds into the caller (`user.rs`).
 pub(crate) trait Job: Send + 'static {
     /// Runs the job, catching a panic, then releases `permit` (if any) *before* reporting the
     /// outcome, so a joiner never sees the task finished while it still holds permits. Returns
@@ -55,6 +57,10 @@ pub(crate) trait Job: Send + 'static {
     fn run(self, permit: Option<Permit>, done: &dyn Fn(bool)) -> bool;
     /// Drops the job unrun, resolving its handle.
     fn abandon(self, why: Abandon);
+    /// Drops the job unrun because user code outside its closure panicked on its way to
+    /// running (its key's `Hash`, `Eq` or `Clone`): the handle resolves `Panicked` with that
+    /// payload.
+    fn fail(self, payload: Payload);
 }
 
 /// `execute`: no handle; a panic is counted and its payload dropped.
@@ -62,8 +68,9 @@ pub(crate) struct Detached<F>(pub(crate) F);
 
 impl<F: FnOnce() + Send + 'static> Job for Detached<F> {
     fn run(self, permit: Option<Permit>, done: &dyn Fn(bool)) -> bool {
-        let result = catch_unwind(AssertUnwindSafe(self.0));
-        drop(permit);
+        let result = user::catch(self.0);
+        // Releasing permits may run the semaphore's granted callbacks (user code, `user.rs`).
+        user::drop_quietly(permit);
         done(result.is_err());
         match result {
             Ok(()) => false,
@@ -74,7 +81,14 @@ impl<F: FnOnce() + Send + 'static> Job for Detached<F> {
         }
     }
 
-    fn abandon(self, _why: Abandon) {}
+    fn abandon(self, _why: Abandon) {
+        user::drop_quietly(self.0);
+    }
+
+    fn fail(self, payload: Payload) {
+        user::drop_quietly(self.0);
+        drop_payload(payload);
+    }
 }
 
 /// `submit` and friends: the outcome goes to the handle.
@@ -90,36 +104,35 @@ where
 {
     fn run(self, permit: Option<Permit>, done: &dyn Fn(bool)) -> bool {
         let Joined { f, state } = self;
-        let result = catch_unwind(AssertUnwindSafe(f));
-        drop(permit);
+        let result = user::catch(f);
+        // Releasing permits may run the semaphore's granted callbacks (user code, `user.rs`).
+        user::drop_quietly(permit);
         done(result.is_err());
-        match result {
-            Ok(v) => {
-                state.complete(Ok(v));
-                false
-            }
-            Err(payload) => {
-                state.complete(Err(TaskError::Panicked(PanicPayload::new(payload))));
-                true
-            }
-        }
+        let panicked = result.is_err();
+        state.complete(result.map_err(|p| TaskError::Panicked(PanicPayload::new(p))));
+        // With the handle gone, this drops the output (or the payload): user code.
+        user::drop_quietly(state);
+        panicked
     }
 
     fn abandon(self, why: Abandon) {
         // The closure (and what it captured) goes before the handle resolves, so a joiner that
         // sees `Superseded`/`Cancelled` also sees the captures released.
         let Joined { f, state } = self;
-        drop(f);
+        user::drop_quietly(f);
         state.complete(Err(match why {
             Abandon::Cancelled => TaskError::Cancelled,
             Abandon::Superseded => TaskError::Superseded,
         }));
+        user::drop_quietly(state);
     }
-}
 
-/// Drops a panic payload, swallowing a panic from the payload's own destructor.
-pub(crate) fn drop_payload(payload: Box<dyn Any + Send>) {
-    let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+    fn fail(self, payload: Payload) {
+        let Joined { f, state } = self;
+        user::drop_quietly(f);
+        state.complete(Err(TaskError::Panicked(PanicPayload::new(payload))));
+        user::drop_quietly(state);
+    }
 }
 
 /// Runs a node's job, given the permits it holds and the completion hook.
@@ -128,6 +141,7 @@ type RunFn = unsafe fn(NonNull<Header>, Option<Permit>, &dyn Fn(bool)) -> bool;
 struct VTable {
     run: RunFn,
     abandon: unsafe fn(NonNull<Header>, Abandon),
+    fail: unsafe fn(NonNull<Header>, Payload),
     /// The semaphore and count a permit-gated task needs (`None` for every other task).
     permits: unsafe fn(NonNull<Header>) -> Option<(Semaphore, usize)>,
     /// Where a permit-gated task keeps the permits granted while it waited.
@@ -142,6 +156,7 @@ impl<J: Job, X: Extra> VTableOf<J, X> {
     const VTABLE: VTable = VTable {
         run: run_node::<J, X>,
         abandon: abandon_node::<J, X>,
+        fail: fail_node::<J, X>,
         permits: permits_of::<J, X>,
         granted: granted_of::<J, X>,
         gated: X::GATED,
@@ -353,6 +368,14 @@ impl TaskRef {
         }
     }
 
+    /// Frees the node without running it, resolving its handle `Panicked` with `payload`: user
+    /// code on the task's way to running (its key's `Hash`, `Eq` or `Clone`) panicked.
+    pub(crate) fn fail(self, payload: Payload) {
+        let p = self.into_raw();
+        // SAFETY: as in `run`.
+        unsafe { (p.as_ref().vtable.fail)(p, payload) }
+    }
+
     /// Frees the node without running it, resolving its handle.
     pub(crate) fn abandon(self, why: Abandon) {
         let p = self.into_raw();
@@ -381,14 +404,14 @@ unsafe fn run_node<J: Job, X: Extra>(
         !matches!(extra.granted(), Some(Some(_))),
         "granted permits are passed in by TaskRef::run"
     );
-    drop(extra);
+    user::drop_quietly(extra); // granted permits: as in `Job::run`
     job.run(permit, done)
 }
 
 unsafe fn abandon_node<J: Job, X: Extra>(p: NonNull<Header>, why: Abandon) {
     // SAFETY: as in `run_node`.
     let Node { job, extra, .. } = unsafe { take_node::<J, X>(p) };
-    drop(extra);
+    user::drop_quietly(extra); // granted permits: as in `Job::run`
     job.abandon(why)
 }
 
@@ -405,6 +428,13 @@ unsafe fn take_node<J: Job, X: Extra>(p: NonNull<Header>) -> Node<J, X> {
     // uninitialised again after the read above and nobody else refers to it.
     unsafe { nodes::free(p.cast(), Layout::new::<Node<J, X>>()) };
     node
+}
+
+unsafe fn fail_node<J: Job, X: Extra>(p: NonNull<Header>, payload: Payload) {
+    // SAFETY: as in `run_node`.
+    let Node { job, extra, .. } = unsafe { take_node::<J, X>(p) };
+    user::drop_quietly(extra); // granted permits: as in `Job::run`
+    job.fail(payload)
 }
 
 unsafe fn permits_of<J: Job, X: Extra>(p: NonNull<Header>) -> Option<(Semaphore, usize)> {

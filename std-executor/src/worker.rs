@@ -133,7 +133,8 @@ use keyserial_core::lane::{Ended, Phase, Watch};
 
 use crate::deferral::Deferral;
 use crate::lane_task::Item;
-use crate::lanes::{POLL, STEAL_AFTER};
+use crate::lane_task::LaneTask;
+use crate::lanes::{KeyPanicked, POLL, STEAL_AFTER};
 use crate::route::{route, Route, Track};
 
 use crate::idle::IdleKeys;
@@ -583,7 +584,7 @@ where
     fn run_unkeyed(&mut self, task: TaskRef) -> After {
         self.slot.current.store(0, Ordering::Relaxed);
         if !self.slot.phase.enter_running() {
-            self.hand_back(None, vec![task]);
+            self.hand_back(task);
             return After::Exit;
         }
         self.release_capacity();
@@ -627,7 +628,7 @@ where
                 return After::Continue;
             }
             // SAFETY: this worker owns the lane (it acquired it and has not released it).
-            let Some(item) = (unsafe { lane.pop() }) else {
+            let Some(next) = (unsafe { lane.pop() }) else {
                 if std::mem::take(&mut in_run) && self.end_run() {
                     return self.stop_holding_lane(l, None);
                 }
@@ -635,6 +636,15 @@ where
                     continue;
                 }
                 return After::Continue;
+            };
+            let item = match next {
+                Ok(item) => item,
+                Err(KeyPanicked { task, payload }) => {
+                    // Its key's `Hash` panicked: the task fails, the lane goes on.
+                    ran += 1;
+                    self.fail_task(task, payload);
+                    continue;
+                }
             };
             // While this item runs, the next one's data comes (`lane_task.rs`, "Looking
             // ahead").
@@ -696,6 +706,11 @@ where
                 Route::Direct(item) => item,
                 Route::Queued => {
                     routed += 1;
+                    continue;
+                }
+                Route::Failed(task, payload) => {
+                    ran += 1;
+                    self.fail_task(task, payload);
                     continue;
                 }
             };
@@ -761,7 +776,7 @@ where
         let ended = word.end(run, &sh.mailboxes[self.index]);
         #[cfg(debug_assertions)]
         self.slot.direct_key.store(0, Ordering::Relaxed);
-        drop(key);
+        crate::user::drop_quietly(key);
         match ended {
             Ended::Kept => Direct::Continue,
             Ended::Stolen(p) => {
@@ -794,9 +809,6 @@ where
         self.slot
             .direct_key
             .store(&key as *const K as usize, Ordering::Relaxed);
-        if task.kind() == Kind::Distinct {
-            sh.claims.release(&key, hash);
-        }
         self.release_capacity();
         self.bump(|c| &c.started);
         let word = lane.map(|l| &sh.lanes.get(l).word);
@@ -807,7 +819,7 @@ where
             .map(|(w, run)| w.end(run, &sh.mailboxes[self.index]));
         #[cfg(debug_assertions)]
         self.slot.direct_key.store(0, Ordering::Relaxed);
-        drop(key);
+        crate::user::drop_quietly(key);
         let after = self.slot.phase.leave_running();
         match ended {
             Some(Ended::Stolen(p)) => self.after_steal(p, after),
@@ -858,6 +870,13 @@ where
             let item = match route(self.shared, item, hash, local, Track::AsIs) {
                 Route::Direct(item) => item,
                 Route::Queued => continue,
+                Route::Failed(task, payload) => {
+                    // Its key's code panicked while it was routed: it leaves the deferral
+                    // failed, and the handle resolves outside the deferral's lock.
+                    drop(next);
+                    self.fail_task(task, payload);
+                    continue;
+                }
             };
             self.slot.current.store(0, Ordering::Relaxed);
             if !self.slot.phase.enter_running() {
@@ -952,21 +971,32 @@ where
         let lane = self.shared.lanes.get(l);
         let mut items = lane.deferrals.take_all();
         items.extend(held);
+        let mut back: Vec<_> = items.into_iter().map(pending).collect();
         // SAFETY: this worker owns lane `l`: every caller passes the lane it holds (a lane
         // whose task ended `Kept`, the lane `run_direct` was called for, or the lane `serve`
         // pops).
-        while let Some(item) = unsafe { lane.pop() } {
-            items.push(item);
+        while let Some((key, task)) = unsafe { lane.pop_unhashed() } {
+            back.push(PendingTask::new(Some(key), task.into_task()));
         }
-        self.hand_back_items(items);
+        lock(&self.shared.handback_lanes).append(&mut back);
         lane.word.release(self.index);
     }
 
     fn hand_back_items(&self, items: Vec<Item<K>>) {
-        let mut hb = lock(&self.shared.handback_lanes);
-        for i in items {
-            hb.push(PendingTask::new(Some(i.key), i.task.into_task()));
-        }
+        let mut back: Vec<_> = items.into_iter().map(pending).collect();
+        lock(&self.shared.handback_lanes).append(&mut back);
+    }
+
+    /// Fails a task whose key's code (`Hash`, `Eq`, `Clone`) panicked on its way to running
+    /// (`user.rs`): it counts as started and ended by a panic, its capacity slot comes back,
+    /// and its handle resolves `Panicked` with the payload (after the counters, as for a task
+    /// that ran).
+    #[cold]
+    fn fail_task(&self, task: LaneTask, payload: crate::user::Payload) {
+        self.release_capacity();
+        self.bump(|c| &c.started);
+        self.finish_task(true);
+        task.fail(payload);
     }
 
     fn finish_task(&self, panicked: bool) {
@@ -1047,7 +1077,7 @@ where
                 .current
                 .store(entry_ptr.as_ptr() as usize, Ordering::Relaxed);
             if !self.slot.phase.enter_running() {
-                drop(permit);
+                crate::user::drop_quietly(permit);
                 // `shutdown_now`: put the task back and leave the whole chain to the others
                 // (through the global queue): a worker routing a lane may push onto the chain
                 // until every worker has stopped, which `shutdown_now` waits for before it
@@ -1056,11 +1086,6 @@ where
                 unsafe { chain.unpop(task.into_raw()) };
                 self.shared.global.push(Runnable::Chain(entry_ptr));
                 return After::Exit;
-            }
-            if task.kind() == Kind::Distinct {
-                // Started: a new distinct task of the key is accepted from now on. (Not before
-                // `enter_running`: a stopped worker puts the task back for another.)
-                self.shared.claims.release(entry.key(), entry.hash());
             }
             self.release_capacity();
             self.bump(|c| &c.started);
@@ -1078,13 +1103,9 @@ where
         }
     }
 
-    /// Hands tasks back for `shutdown_now`.
-    fn hand_back(&self, entry: Option<&KeyEntry<K>>, tasks: Vec<TaskRef>) {
-        let key = entry.map(|e| e.key().clone());
-        let mut hb = lock(&self.shared.handback);
-        for t in tasks {
-            hb.push(PendingTask::new(key.clone(), t));
-        }
+    /// Hands an unkeyed task back for `shutdown_now`.
+    fn hand_back(&self, task: TaskRef) {
+        lock(&self.shared.handback).push(PendingTask::new(None, task));
     }
 
     /// The chain was released: idle bookkeeping. `guard` was pinned before the release.
@@ -1138,6 +1159,11 @@ where
         }
         self.shared.worker_exited();
     }
+}
+
+/// A lane's item, handed back as it is (no user code: the key is moved, not cloned).
+fn pending<K>(item: Item<K>) -> PendingTask<K> {
+    PendingTask::new(Some(item.key), item.task.into_task())
 }
 
 /// A batch from the deque of a sibling that started no task since the previous periodic
