@@ -24,7 +24,8 @@ pub struct Stats {
     pub running: usize,
     /// Tasks that finished running (panicked ones included).
     pub completed: u64,
-    /// Tasks that panicked.
+    /// Tasks that panicked, and tasks failed because their key's `Hash`, `Eq` or `Clone`
+    /// panicked on a worker (see [Panics in user code](crate::Serializer#panics-in-user-code)).
     pub panicked: u64,
     /// Submissions refused (shutdown, full, duplicate, too many permits).
     pub rejected: u64,
