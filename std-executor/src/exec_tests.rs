@@ -307,7 +307,7 @@ fn dropping_the_serializer_runs_its_queued_tasks() {
 }
 
 /// Keys that share one lane go to two workers when one of them idles: the lane's owner sheds a
-/// key to its idle sibling (`worker.rs`, "Sharing a lane with an idle worker"). The tasks are
+/// key to its idle sibling (`worker/serve.rs`, "Sharing a lane with an idle worker"). The tasks are
 /// short CPU work, far below the time a thief waits before it takes a lane from an owner stuck
 /// in one task, so only shedding lets two of them overlap; each key's order must hold all along.
 #[test]

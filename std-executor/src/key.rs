@@ -17,7 +17,7 @@ pub(crate) struct KeyState {
     pub(crate) chain: Chain<Header>,
     /// Idle bookkeeping (see `idle_word.rs`).
     pub(crate) idle: IdleWord,
-    /// The key was shed to an idle worker (`worker.rs`, "Sharing a lane with an idle worker"):
+    /// The key was shed to an idle worker (`worker/serve.rs`, "Sharing a lane with an idle worker"):
     /// its plain items go onto its chain even while the chain is idle (`route.rs`). Read and
     /// written only by the key's router; a stale read only changes which order-safe path an
     /// item takes.

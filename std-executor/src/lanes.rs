@@ -50,7 +50,7 @@
 //!   looks for a `FREE` lane with items; if there is one it does not park. Either it sees the
 //!   item or the submitter sees it asleep.
 //! - **An owner may stay inside one task for long.** Idle workers notice that by comparing lanes
-//!   at two looks (`worker.rs`): a sleeper whose look found any lane with queued items parks only
+//!   at two looks (`worker/steal.rs`): a sleeper whose look found any lane with queued items parks only
 //!   for [`POLL`] and looks again; one that found every lane empty registers as a *deep* sleeper
 //!   first (`deep += 1`, fence), then looks at the lanes once more. Either the submitter sees
 //!   `deep > 0` and notifies, or the sleeper sees the item and only naps.

@@ -34,7 +34,7 @@
 //!
 //! # Runs of lane tasks
 //!
-//! A worker that runs several tasks in a row straight from a lane it owns (`worker.rs`, "Runs
+//! A worker that runs several tasks in a row straight from a lane it owns (`worker/serve.rs`, "Runs
 //! of direct tasks") enters `RUNNING` once for the run, not once per task, and between two tasks
 //! of the run does only this: loads the word ([`Phase::stop_requested`]), pops its own lane and
 //! moves that lane's word (`core::lane`: `begin`, `end`). It touches no chain, ready queue or
@@ -123,7 +123,7 @@ impl Phase {
     }
 
     /// Whether the worker is `IDLE` (holding nothing; its last search found nothing): a hint
-    /// for a lane's owner deciding whether to go on sharing its lane (`worker.rs`, "Sharing a
+    /// for a lane's owner deciding whether to go on sharing its lane (`worker/serve.rs`, "Sharing a
     /// lane with an idle worker"), not part of the protocol.
     pub(crate) fn is_idle(&self) -> bool {
         self.0.load(Ordering::Relaxed) & (MASK | STOP) == IDLE

@@ -20,7 +20,7 @@
 //!   whose chain is active (a task of the key is queued or running there, or a permit wait holds
 //!   it), every permit-gated item (its chain parks while it waits for permits, holding the key
 //!   without holding a worker), and the item of a *hot* key that a lane's owner moves off the
-//!   lane (`worker.rs`, "Fairness in a lane") or sheds to an idle sibling (`worker.rs`,
+//!   lane (`worker/serve.rs`, "Fairness in a lane") or sheds to an idle sibling (`worker/serve.rs`,
 //!   "Sharing a lane with an idle worker"). The router makes the entry if there is none,
 //!   raising the lane's tracked count first. The chain runs from the ready queues as before.
 //! - A `submit_latest` item is a cell (`latest_cells.rs`): the router takes the task out of it
@@ -66,11 +66,11 @@ fn failed<K>(key: K, task: LaneTask, payload: Payload) -> Route<K> {
 pub(crate) enum Track {
     /// As its key's state says.
     AsIs,
-    /// Onto its key's chain even if the key is not tracked yet: a hot key (`worker.rs`,
+    /// Onto its key's chain even if the key is not tracked yet: a hot key (`worker/serve.rs`,
     /// "Fairness in a lane").
     Hot,
     /// Onto its key's chain, and the key's later plain items too, even while its chain is idle:
-    /// a key shed to an idle worker (`worker.rs`, "Sharing a lane with an idle worker").
+    /// a key shed to an idle worker (`worker/serve.rs`, "Sharing a lane with an idle worker").
     Shed,
 }
 

@@ -44,7 +44,7 @@ pub(crate) struct Shared<K> {
     /// several times more instructions on a small key.
     pub(crate) table: Table<K, KeyState, foldhash::fast::RandomState, Recycled>,
     /// Where outside submitters and yielding chains queue runnables: any worker takes from it
-    /// (see `worker.rs`, "Finding work").
+    /// (see `worker/find.rs`, "Finding work").
     pub(crate) global: CachePadded<Injector<Runnable<K>>>,
     /// Where every keyed submission goes first (`lanes.rs`).
     pub(crate) lanes: Lanes<K>,

@@ -12,9 +12,9 @@
 //! | a waker's `wake` and `Drop` | `handle.rs`, [`call_quietly`] | caught; the handle is resolved before the waker runs |
 //! | the key's `Hash` on a worker (the lane's owner hashes a popped key again) | `lanes.rs` (`Lane::pop`), [`catch`] | that task resolves `Panicked` with the key's payload; the key's later tasks go on |
 //! | the key's `Eq`/`Hash`/`Clone` on a worker while routing a tracked key | `route.rs`, [`catch`] | as for `Hash` |
-//! | the key's `Clone` while handing tasks back (`shutdown_now`) | `worker.rs`, `serializer.rs`, [`catch`] | that task resolves `Panicked` and is not handed back |
-//! | the key's `Drop` after a task run straight from a lane | `worker.rs`, [`drop_quietly`] | caught |
-//! | a semaphore's granted callback, run when a task's permits are released | `task.rs`, `worker.rs`, [`drop_quietly`] | caught on the worker (the semaphore runs every callback first) |
+//! | the key's `Clone` while handing tasks back (`shutdown_now`) | `serializer.rs` (`drain_into`), [`catch`] | that task resolves `Panicked` and is not handed back |
+//! | the key's `Drop` after a task run straight from a lane | `worker/serve.rs`, [`drop_quietly`] | caught |
+//! | a semaphore's granted callback, run when a task's permits are released | `task.rs`, `worker/chain.rs`, [`drop_quietly`] | caught on the worker (the semaphore runs every callback first) |
 //! | the key's `Hash`/`Eq`/`Clone` on the submitting thread | `serializer.rs` (`admit`) | the panic reaches the caller, as a `HashMap::insert` would; the capacity slot is given back ([`crate::capacity::Reservation`]), nothing was admitted |
 //!
 //! Two places call the key's `Eq`/`Clone` while holding one of our locks, because the check and
@@ -22,7 +22,7 @@
 //! offer (`latest_cells.rs`). Both run on the submitting thread, compare or clone before they
 //! change anything under the lock, and so leave the locked map as it was when the user's code
 //! unwinds; `lock` ignores the poisoning that unwinding leaves. A third, on a worker: a
-//! deferral's runner routes an item under the deferral's lock (`worker.rs`, `run_deferral`),
+//! deferral's runner routes an item under the deferral's lock (`worker/serve.rs`, `run_deferral`),
 //! so that the item leaves the deferral only once it is placed; the routing's key code is
 //! caught inside `route` and never unwinds through that lock.
 //!

@@ -1,0 +1,152 @@
+//! Running what the ready queues hold: a key's chain, drained under the fairness budget, or an
+//! unkeyed task.
+//!
+//! # Draining and fairness
+//!
+//! The worker owns the chain it popped. It runs at most `fairness_budget` tasks, then, if the chain
+//! still has work, pushes it to the back of its injector (behind keys that arrived meanwhile) and
+//! notifies; otherwise it releases the chain (`CAS(ACTIVE -> 0)`, which fails if a push came in:
+//! then it keeps draining). After a release, the key's idle bookkeeping runs (`idle.rs`) under an
+//! epoch guard taken *before* the release, since the entry may be retired by others from then on.
+
+use std::ptr::NonNull;
+
+use super::{After, WorkerLoop};
+use crate::key::{KeyEntry, Runnable};
+use crate::permits::PermitOutcome;
+use crate::phase::AfterTask;
+use crate::sync::Ordering;
+use crate::task::{Abandon, Kind, TaskRef};
+
+impl<K> WorkerLoop<'_, K>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    pub(super) fn run_unkeyed(&mut self, task: TaskRef) -> After {
+        self.slot.current.store(0, Ordering::Relaxed);
+        if !self.slot.phase.enter_running() {
+            self.hand_back(task);
+            return After::Exit;
+        }
+        self.release_capacity();
+        self.bump(|c| &c.started);
+        task.run(None, &|panicked| self.finish_task(panicked));
+        match self.slot.phase.leave_running() {
+            AfterTask::Continue => After::Continue,
+            AfterTask::Stolen | AfterTask::HandBack => After::Exit,
+        }
+    }
+
+    pub(super) fn run_chain(&mut self, entry_ptr: NonNull<KeyEntry<K>>) -> After {
+        // SAFETY: we hold the chain's ACTIVE baton, so the entry is not retired and stays
+        // allocated until we release it.
+        let entry = unsafe { entry_ptr.as_ref() };
+        let ks = entry.value();
+        let chain = &ks.chain;
+        let budget = self.shared.config.fairness_budget;
+        let mut ran = 0;
+        // Backs off on failed releases in a row with nothing to pop (see below).
+        let stall = crossbeam_utils::Backoff::new();
+        loop {
+            if ran >= budget {
+                let guard = crossbeam_epoch::pin();
+                // SAFETY: we own the chain.
+                if unsafe { chain.try_release() } {
+                    self.released(entry_ptr, &guard);
+                } else {
+                    // Yield: to the back of the global queue, behind keys that arrived
+                    // meanwhile, where any worker can take it.
+                    self.shared.schedule(Runnable::Chain(entry_ptr), None);
+                }
+                return After::Continue;
+            }
+            // SAFETY: we own the chain; `kind_of` reads queued nodes of a chain we own.
+            let popped = unsafe { chain.pop_coalescing(|n| TaskRef::kind_of(n) == Kind::Latest) };
+            let Some(p) = popped else {
+                let guard = crossbeam_epoch::pin();
+                // SAFETY: we own the chain.
+                if unsafe { chain.try_release() } {
+                    self.released(entry_ptr, &guard);
+                    return After::Continue;
+                }
+                // Nothing to pop, yet a push is queued: it is between its two steps (core
+                // `chain`, "The pop"), normally a few instructions from done. Back off (spin,
+                // then yield, which lets a preempted pusher on this core run); once the backoff
+                // is spent, do not wait any longer: queue the key behind the others.
+                if stall.is_completed() {
+                    self.shared.schedule(Runnable::Chain(entry_ptr), None);
+                    return After::Continue;
+                }
+                crate::sync::snooze(&stall);
+                continue;
+            };
+            stall.reset();
+            // SAFETY: we own the chain and just popped the node: it is ours alone.
+            let mut task = unsafe { TaskRef::from_raw(p.node) };
+            if p.superseded {
+                task.abandon(Abandon::Superseded);
+                self.bump(|c| &c.dropped);
+                self.release_capacity();
+                continue;
+            }
+            let mut permit = None;
+            if task.kind() == Kind::Permits {
+                match crate::permits::acquire_or_park(self.shared, entry_ptr, task) {
+                    PermitOutcome::Run(t, p) => {
+                        task = t;
+                        permit = p;
+                    }
+                    PermitOutcome::Parked => return After::Continue,
+                    PermitOutcome::Dropped => {
+                        self.bump(|c| &c.dropped);
+                        self.release_capacity();
+                        continue;
+                    }
+                }
+            }
+            self.slot
+                .current
+                .store(entry_ptr.as_ptr() as usize, Ordering::Relaxed);
+            if !self.slot.phase.enter_running() {
+                crate::user::drop_quietly(permit);
+                // `shutdown_now`: put the task back and leave the whole chain to the others
+                // (through the global queue): a worker routing a lane may push onto the chain
+                // until every worker has stopped, which `shutdown_now` waits for before it
+                // drains the queues; a worker not stopped yet may still run the chain.
+                // SAFETY: we own the chain, and `task` is the node we popped last.
+                unsafe { chain.unpop(task.into_raw()) };
+                self.shared.global.push(Runnable::Chain(entry_ptr));
+                return After::Exit;
+            }
+            self.release_capacity();
+            self.bump(|c| &c.started);
+            task.run(permit, &|panicked| self.finish_task(panicked));
+            ran += 1;
+            match self.slot.phase.leave_running() {
+                AfterTask::Continue => {}
+                AfterTask::Stolen => return After::Exit, // the chain is not ours any more
+                AfterTask::HandBack => {
+                    // STOP without STOLEN: the chain is still ours; as above.
+                    self.shared.global.push(Runnable::Chain(entry_ptr));
+                    return After::Exit;
+                }
+            }
+        }
+    }
+}
+
+/// Pops every queued task of a chain we own.
+///
+/// # Safety
+/// The caller owns the entry's chain.
+pub(crate) unsafe fn drain_chain<K>(entry: &KeyEntry<K>, out: &mut Vec<TaskRef>) {
+    let ks = entry.value();
+    // Every caller runs after `shutdown_now` closed the gate, waited for the submissions inside
+    // it and stopped every worker (the routers that push onto chains), so no push is half done
+    // and `None` means the chain is empty.
+    // SAFETY: per the contract; popped nodes are ours.
+    while let Some(n) = unsafe { ks.chain.pop() } {
+        // SAFETY: we own the chain and just popped `n`.
+        out.push(unsafe { TaskRef::from_raw(n) });
+    }
+}
