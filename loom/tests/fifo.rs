@@ -1078,7 +1078,7 @@ fn close_races_two_pushers_across_a_block_install() {
     );
 }
 
-/// The executor's shutdown rule (`serializer.rs`, "Admission"): the closer closes the FIFO and
+/// The executor's shutdown rule (`serializer/admit.rs`, "Admission"): the closer closes the FIFO and
 /// then raises a flag (Release); a popper that finds the FIFO empty leaves only once it has seen
 /// the flag (Acquire) and then found the FIFO empty again. A pusher pushes one item. An
 /// accepted push is popped before the popper leaves: a reservation before the close in the tail's

@@ -17,8 +17,8 @@
 //! searches, a notify iff the lane is `FREE` or `deep > 0`); models (a) to (c) give it a sleep
 //! word reading "asleep, not searching", the case in which the lane decides.
 //!
-//! **What is transcribed** (worker.rs is not a loom-checked module): the sleeper's registration
-//! in `WorkerLoop::park` (worker.rs: look at every lane; if
+//! **What is transcribed** (worker/ is not a loom-checked module): the sleeper's registration
+//! in `WorkerLoop::park` (worker/park.rs: look at every lane; if
 //! none has items, `deep.fetch_add(1, SeqCst)` and look once more; sleep without a bound only if
 //! that look found nothing). `deep` is the models' own loom `AtomicUsize`, as `Lanes::deep` is. A
 //! sleeper's `fetch_sub` after its sleep is left out: it comes after the window the claims are

@@ -1,5 +1,5 @@
 //! Loom models of the elastic pool's starvation detection (std-executor/src/shared.rs
-//! `notify`/`starving`, worker.rs `found`, sleep.rs, supervisor.rs), over the real `Sleep`
+//! `notify`/`starving`, worker/mod.rs `found`, sleep.rs, supervisor.rs), over the real `Sleep`
 //! (reached through the crate's `cfg(loom)`-only `loom_api` module).
 //!
 //! The claim: whenever work is visible and no worker is idle (searching or asleep), the

@@ -6,6 +6,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::error::{BuildError, BuildErrorKind};
+use crate::serializer::Serializer;
 
 /// Configures and builds a [`Serializer`](crate::Serializer).
 ///
@@ -184,7 +185,7 @@ where
     }
 
     /// The worker counts (`workers`, `max_workers`) of a valid configuration, or why it is
-    /// invalid. `build` (in `serializer.rs`, which owns the start-up) calls this first.
+    /// invalid. `build` calls this first.
     pub(crate) fn checked(&self) -> Result<(usize, usize), BuildError> {
         let err = |kind| Err(BuildError::invalid(kind));
         let workers = self.workers.unwrap_or_else(|| {
@@ -209,5 +210,32 @@ where
             return err(BuildErrorKind::ZeroCapacity);
         }
         Ok((workers, max_workers))
+    }
+}
+
+impl<K> Builder<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// Checks the settings and starts the serializer's threads.
+    ///
+    /// # Errors
+    /// A [`BuildError`] whose [`kind`](BuildError::kind) says what is wrong: `workers(0)`
+    /// ([`ZeroWorkers`](crate::BuildErrorKind::ZeroWorkers)), `max_workers` below `workers`
+    /// ([`MaxWorkersBelowWorkers`](crate::BuildErrorKind::MaxWorkersBelowWorkers)), more than 4,096
+    /// threads ([`TooManyWorkers`](crate::BuildErrorKind::TooManyWorkers)), `fairness_budget(0)`
+    /// ([`ZeroFairnessBudget`](crate::BuildErrorKind::ZeroFairnessBudget)), `capacity(0)`
+    /// ([`ZeroCapacity`](crate::BuildErrorKind::ZeroCapacity)), or a thread the operating system would
+    /// not start ([`ThreadSpawn`](crate::BuildErrorKind::ThreadSpawn)).
+    ///
+    /// ```
+    /// use keyserial::{BuildErrorKind, Builder};
+    /// let err = Builder::<u8>::new().workers(2).max_workers(1).build().unwrap_err();
+    /// assert_eq!(err.kind(), BuildErrorKind::MaxWorkersBelowWorkers);
+    /// assert!(err.to_string().contains("max_workers"));
+    /// ```
+    pub fn build(self) -> Result<Serializer<K>, BuildError> {
+        let (workers, max_workers) = self.checked()?;
+        Serializer::start(self, workers, max_workers).map_err(BuildError::spawn)
     }
 }

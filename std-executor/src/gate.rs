@@ -4,7 +4,7 @@
 //! It admits the submissions that do not go straight into a lane: unkeyed tasks, and
 //! `submit_latest` tasks (which may replace their key's pending one instead of pushing). A keyed
 //! task is admitted by its lane slot's reservation instead, and refused by the lanes' close,
-//! which `shutdown` does only after this gate is closed and idle (`serializer.rs`, "Admission"),
+//! which `shutdown` does only after this gate is closed and idle (`serializer/admit.rs`, "Admission"),
 //! so a push made inside the gate is never refused.
 //!
 //! # Protocol

@@ -202,7 +202,7 @@ where
     }
 
     /// Submissions admitted so far: those the gate counted, and every item pushed onto a lane
-    /// (a keyed submission is admitted by its lane's reservation, see `serializer.rs`,
+    /// (a keyed submission is admitted by its lane's reservation, see `serializer/admit.rs`,
     /// "Admission").
     pub(crate) fn admitted(&self) -> u64 {
         self.gate.admitted() + self.lanes.pushed()

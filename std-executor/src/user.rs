@@ -12,10 +12,10 @@
 //! | a waker's `wake` and `Drop` | `handle.rs`, [`call_quietly`] | caught; the handle is resolved before the waker runs |
 //! | the key's `Hash` on a worker (the lane's owner hashes a popped key again) | `lanes.rs` (`Lane::pop`), [`catch`] | that task resolves `Panicked` with the key's payload; the key's later tasks go on |
 //! | the key's `Eq`/`Hash`/`Clone` on a worker while routing a tracked key | `route.rs`, [`catch`] | as for `Hash` |
-//! | the key's `Clone` while handing tasks back (`shutdown_now`) | `serializer.rs` (`drain_into`), [`catch`] | that task resolves `Panicked` and is not handed back |
+//! | the key's `Clone` while handing tasks back (`shutdown_now`) | `serializer/shutdown.rs` (`drain_into`), [`catch`] | that task resolves `Panicked` and is not handed back |
 //! | the key's `Drop` after a task run straight from a lane | `worker/serve.rs`, [`drop_quietly`] | caught |
 //! | a semaphore's granted callback, run when a task's permits are released | `task.rs`, `worker/chain.rs`, [`drop_quietly`] | caught on the worker (the semaphore runs every callback first) |
-//! | the key's `Hash`/`Eq`/`Clone` on the submitting thread | `serializer.rs` (`admit`) | the panic reaches the caller, as a `HashMap::insert` would; the capacity slot is given back ([`crate::capacity::Reservation`]), nothing was admitted |
+//! | the key's `Hash`/`Eq`/`Clone` on the submitting thread | `serializer/admit.rs` (`admit`) | the panic reaches the caller, as a `HashMap::insert` would; the capacity slot is given back ([`crate::capacity::Reservation`]), nothing was admitted |
 //!
 //! Two places call the key's `Eq`/`Clone` while holding one of our locks, because the check and
 //! the insert must be one step: `submit_distinct`'s claim (`claims.rs`) and `submit_latest`'s

@@ -1,0 +1,317 @@
+//! Admission: how a submission gets in.
+//!
+//! # Admission
+//!
+//! A submission is *admitted* (it will run or be handed back) at one atomic step, so that
+//! `shutdown` can say which submissions got in:
+//!
+//! - **A keyed task** (`execute`, `submit`, `submit_distinct`, `submit_with_permits`) by the
+//!   reserving CAS of its slot in its key's lane (`core::fifo`): no other shared word is
+//!   written. `shutdown` closes every lane's FIFO (a `fetch_or` of a bit of its tail position),
+//!   so each such CAS comes before the close (the task is in the lane, counted by the lane's
+//!   position) or fails and reads the bit (the task is handed back untouched, and a distinct
+//!   claim is released).
+//! - **An unkeyed task, and a `submit_latest` task** (which may replace its key's pending one
+//!   instead of pushing) by the gate (`gate.rs`): `enter` before, `admit` after. A latest task
+//!   that pushed leaves the gate uncounted (its lane counts it).
+//!
+//! `shutdown` closes the gate, waits for the submissions inside it to finish (their pushes
+//! cannot be refused: no lane is closed yet), then closes the lanes and only then says so
+//! (`Lanes::is_closed`, Release). Admitted = the gate's count + the lanes' positions. A worker
+//! leaves on shutdown only after it has seen the lanes closed (Acquire): every admitted keyed
+//! task is then visible to its emptiness checks (a reserved slot counts), so none is left
+//! behind.
+
+use std::hash::Hash;
+#[cfg(debug_assertions)]
+use std::ptr::NonNull;
+#[cfg(debug_assertions)]
+use std::sync::Arc;
+
+use crate::capacity::Reservation;
+use crate::claims::Claim;
+use crate::error::{RejectReason, Rejected};
+use crate::handle::{JoinState, OriginCheck, TaskHandle};
+#[cfg(debug_assertions)]
+use crate::key::KeyEntry;
+use crate::key::Runnable;
+use crate::lane_task::Item;
+use crate::lane_task::LaneTask;
+use crate::latest_cells::Offered;
+use crate::semaphore::Semaphore;
+#[cfg(debug_assertions)]
+use crate::shared::Shared;
+use crate::sync::Ordering;
+use crate::task::{Abandon, Joined, Kind, TaskRef};
+use crate::worker;
+
+use super::{Mode, Serializer};
+
+impl<K> Serializer<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    pub(super) fn submit_joined<F, T>(
+        &self,
+        key: Option<K>,
+        task: F,
+        kind: Kind,
+        mode: Mode,
+        permits: Option<(Semaphore, usize)>,
+    ) -> Result<TaskHandle<T>, Rejected<F>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        debug_assert!(kind != Kind::Distinct, "distinct tasks carry their claim");
+        self.submit_job(key, task, kind, mode, permits, |f, _| f)
+    }
+
+    /// `submit_joined` for any job closure `G` made from the user's `F` and, for a distinct
+    /// task, its key's claim (`wrap`, called only once the task is sure to be admitted).
+    pub(super) fn submit_job<F, T, G>(
+        &self,
+        key: Option<K>,
+        task: F,
+        kind: Kind,
+        mode: Mode,
+        permits: Option<(Semaphore, usize)>,
+        wrap: impl FnOnce(F, Option<Claim<K>>) -> G,
+    ) -> Result<TaskHandle<T>, Rejected<F>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        G: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let mut slot = Some(task);
+        let mut handle = None;
+        let mut permits = permits;
+        let mut origin = Some(self.origin_of(key.as_ref(), kind));
+        self.admit(key, kind, mode, |claim| {
+            let state = JoinState::new(origin.take().unwrap_or_default());
+            handle = Some(TaskHandle::new(state.clone()));
+            let job = Joined {
+                f: wrap(slot.take().expect("built once"), claim),
+                state,
+            };
+            LaneTask::node(TaskRef::new(job, kind, permits.take()))
+        })
+        .map(|()| handle.take().expect("handle made with the task"))
+        .map_err(|reason| Rejected {
+            reason,
+            task: slot.take().expect("refused before the task was built"),
+        })
+    }
+
+    /// The one admission path: capacity, then the admission itself (see "Admission" in the
+    /// module docs), the distinct claim, the push. `build` makes the task (given its claim, for
+    /// a distinct task); it runs only once the task is sure to be accepted, so a refusal hands
+    /// back the untouched closure, and it runs no user code (it is called with a lane slot
+    /// reserved, which must be filled).
+    ///
+    /// The key's `Hash`, `Eq` and `Clone` run here, on the caller's thread, before anything is
+    /// admitted: a panic in them reaches the caller, and the capacity slot (a
+    /// [`Reservation`]), a distinct claim and a gate ticket are all given back as it unwinds.
+    pub(super) fn admit(
+        &self,
+        key: Option<K>,
+        kind: Kind,
+        mode: Mode,
+        build: impl FnOnce(Option<Claim<K>>) -> LaneTask,
+    ) -> Result<(), RejectReason> {
+        let sh = &*self.shared;
+        let refuse = |reason| {
+            sh.rejected.fetch_add(1, Ordering::Relaxed);
+            Err(reason)
+        };
+        if sh.shutdown.load(Ordering::Acquire) {
+            return refuse(RejectReason::Shutdown);
+        }
+        let reservation = match &sh.capacity {
+            None => Reservation::unlimited(),
+            Some(cap) => {
+                let ok = if worker::current_worker::<K>(sh.id).is_some() {
+                    cap.force_reserve();
+                    true
+                } else if mode == Mode::Try {
+                    cap.try_reserve()
+                } else {
+                    cap.reserve(|| sh.gate.is_closed() || sh.shutdown.load(Ordering::Acquire))
+                };
+                if !ok {
+                    let shut = sh.shutdown.load(Ordering::Acquire);
+                    let reason = if shut {
+                        RejectReason::Shutdown
+                    } else {
+                        RejectReason::Full
+                    };
+                    return refuse(reason);
+                }
+                Reservation::taken(cap)
+            }
+        };
+        let Some(key) = key else {
+            // An unkeyed task is admitted by the gate.
+            let Some(ticket) = sh.gate.enter() else {
+                return refuse(RejectReason::Shutdown);
+            };
+            let local = worker::current_worker::<K>(sh.id).map(|(_, d)| d);
+            sh.schedule(Runnable::Task(build(None).into_task()), local);
+            reservation.keep();
+            ticket.admit();
+            return Ok(());
+        };
+        let hash = sh.hash_of(&key);
+        if kind == Kind::Latest {
+            return self.admit_latest(key, hash, build, reservation, refuse);
+        }
+        // Keep-first: a `submit_distinct` claims its key until its task starts (`claims.rs`).
+        let claim = if kind == Kind::Distinct {
+            match sh.claims.claim(&key, hash) {
+                Some(claim) => Some(claim),
+                None => return refuse(RejectReason::Duplicate),
+            }
+        } else {
+            None
+        };
+        // Every keyed task enters through its key's lane, in submission order (`lanes.rs`),
+        // and is admitted by the reservation of its slot. The item is built in that slot once
+        // reserved (`Fifo::try_push_tagged`): key clones and hashing, which run user code that
+        // may panic, come before. (The lane's owner hashes the key again when it pops it,
+        // `Lane::pop`.)
+        let mut parts = Some((key, claim));
+        let pushed = sh.push_keyed(hash, || {
+            let (key, claim) = parts.take().expect("built once");
+            Item {
+                key,
+                hash,
+                task: build(claim),
+            }
+        });
+        if pushed.is_err() {
+            // The key and the claim (released as it drops) go back with the refusal.
+            drop(parts);
+            return refuse(RejectReason::Shutdown);
+        }
+        reservation.keep();
+        sh.latest.seal(hash);
+        Ok(())
+    }
+
+    /// `admit` for a `submit_latest` task: it may replace its key's pending one instead of
+    /// being pushed (`latest_cells.rs`), so it is admitted by the gate, and its push (when
+    /// there is one) cannot be refused: lanes close only once the gate is idle.
+    pub(super) fn admit_latest(
+        &self,
+        key: K,
+        hash: u64,
+        build: impl FnOnce(Option<Claim<K>>) -> LaneTask,
+        reservation: Reservation<'_>,
+        refuse: impl Fn(RejectReason) -> Result<(), RejectReason>,
+    ) -> Result<(), RejectReason> {
+        let sh = &*self.shared;
+        let Some(ticket) = sh.gate.enter() else {
+            return refuse(RejectReason::Shutdown);
+        };
+        // The key's `Clone` for the lane item, before anything is offered (user code: a
+        // panic here gives back the ticket and the reservation).
+        let mut lane_key = Some(key.clone());
+        let task = build(None);
+        let push = |cell| {
+            let key = lane_key.take().expect("pushed once");
+            let pushed = sh.push_keyed(hash, || Item {
+                key,
+                hash,
+                task: LaneTask::node(cell),
+            });
+            assert!(pushed.is_ok(), "a lane closed while the gate was open");
+        };
+        let offered = sh.latest.offer(key, hash, task.into_task(), push);
+        // Unused when the task replaced its key's pending one: the user's `Drop`, contained.
+        crate::user::drop_quietly(lane_key);
+        match offered {
+            Offered::Replaced(old) => {
+                old.abandon(Abandon::Superseded);
+                sh.dropped_outside.fetch_add(1, Ordering::AcqRel);
+                // The replaced task's slot is the new task's: give back the one reserved.
+                drop(reservation);
+                // No push: the gate counts this one.
+                ticket.admit();
+            }
+            // Pushed: its lane counts it.
+            Offered::Pushed => {
+                reservation.keep();
+                drop(ticket);
+            }
+        }
+        Ok(())
+    }
+
+    /// Debug builds: what a handle needs to catch a join on a later task of the caller's own
+    /// key ([`TaskHandle::join`]). Not for `submit_latest` tasks, which can also resolve by being
+    /// superseded while the caller waits.
+    #[cfg(debug_assertions)]
+    pub(super) fn origin_of(&self, key: Option<&K>, kind: Kind) -> OriginCheck {
+        let key = key.filter(|_| kind != Kind::Latest)?.clone();
+        Some(Box::new(KeyOrigin {
+            id: self.shared.id,
+            shared: Arc::downgrade(&self.shared),
+            key,
+        }))
+    }
+
+    /// Release builds keep nothing for the check.
+    #[cfg(not(debug_assertions))]
+    #[inline(always)]
+    pub(super) fn origin_of(&self, _key: Option<&K>, _kind: Kind) -> OriginCheck {}
+}
+
+/// Debug builds: the serializer and key of a handle's task (see [`crate::handle::Origin`]).
+#[cfg(debug_assertions)]
+struct KeyOrigin<K> {
+    id: usize,
+    shared: std::sync::Weak<Shared<K>>,
+    key: K,
+}
+
+#[cfg(debug_assertions)]
+impl<K> crate::handle::Origin for KeyOrigin<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    fn running_same_key_here(&self) -> bool {
+        // Cheap exits first: most joins happen outside the serializer's workers.
+        if !worker::on_worker_of(self.id) {
+            return false;
+        }
+        let Some(sh) = self.shared.upgrade() else {
+            return false;
+        };
+        let Some((slot, _)) = worker::current_worker::<K>(sh.id) else {
+            return false;
+        };
+        // After shutdown_now a queued task may be handed back and run elsewhere: no verdict.
+        if sh.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        let slot = &sh.slots[slot];
+        // Only this thread moves its slot in and out of RUNNING and sets `current` before each
+        // task: RUNNING here means we are inside a task of the chain at `current`.
+        if !slot.phase.is_running() {
+            return false;
+        }
+        let Some(entry) = NonNull::new(slot.current.load(Ordering::Relaxed) as *mut KeyEntry<K>)
+        else {
+            // A task run straight from a lane or a deferral (its key), or an unkeyed one (0).
+            let direct = slot.direct_key.load(Ordering::Relaxed) as *const K;
+            // SAFETY: this thread's worker stored the address of the running task's key, which
+            // lives in its stack frame until the task returns; we are inside that task.
+            return !direct.is_null() && unsafe { &*direct } == &self.key;
+        };
+        // SAFETY: this thread's worker runs a task of this entry's chain (RUNNING, set here), so
+        // the chain is active and the entry live; a stolen active chain's entry is freed only
+        // with the table, which `sh` keeps alive.
+        let same = unsafe { entry.as_ref() }.key() == &self.key;
+        same && !sh.stop.load(Ordering::Acquire)
+    }
+}

@@ -1,0 +1,331 @@
+//! The shutdown family (`shutdown`, `shutdown_now`, the bounded waits), termination, and
+//! dropping a serializer.
+
+use std::hash::Hash;
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use keyserial_core::lane::Phase as LanePhase;
+
+use crate::deferral::Deferral;
+use crate::key::{KeyEntry, Runnable};
+use crate::lanes::STOPPER;
+use crate::pending::PendingTask;
+use crate::phase::Stopped;
+use crate::sync::{lock, Ordering};
+use crate::worker::{self, drain_chain};
+
+use super::Serializer;
+
+impl<K> Serializer<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// Stops accepting tasks; queued tasks still run. Idempotent; returns without waiting for
+    /// any task (see [`await_termination`](Self::await_termination)), only for the unkeyed and
+    /// `submit_latest` submissions already inside a submit call to finish their push, which
+    /// never blocks. A submission that returned `Ok` before `shutdown` returned runs (or is
+    /// handed back by [`shutdown_now`](Self::shutdown_now)); one that starts after is refused.
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
+    /// s.execute(1, || ()).unwrap();
+    /// s.shutdown();
+    /// assert!(s.is_shutdown());
+    /// assert!(s.execute(1, || ()).is_err());
+    /// ```
+    pub fn shutdown(&self) {
+        let sh = &*self.shared;
+        sh.shutdown.store(true, Ordering::Release);
+        // Unkeyed and latest submissions are admitted by the gate, keyed ones by their lane
+        // (see "Admission"): the lanes close once the gate's last submission has pushed.
+        sh.gate.close();
+        sh.gate.wait_idle();
+        sh.lanes.close();
+        if let Some(c) = &sh.capacity {
+            c.wake_all();
+        }
+        sh.sleep.wake_all();
+        if sh.live_workers.load(Ordering::Acquire) == 0 {
+            sh.set_terminated();
+        }
+    }
+
+    /// Stops at once: no new tasks, no more queued tasks run; every task that was queued and
+    /// not started is handed back (with its key) instead. Tasks already running finish
+    /// undisturbed, but the tasks queued behind them are handed back too. Dropping a returned
+    /// [`PendingTask`] resolves its handle as [`Cancelled`](crate::TaskError::Cancelled).
+    ///
+    /// ```
+    /// use keyserial::Builder;
+    /// let s = Builder::<u32>::new().workers(1).build().unwrap();
+    /// let (tx, rx) = std::sync::mpsc::channel::<()>();
+    /// s.execute(0, move || { rx.recv().ok(); }).unwrap();
+    /// while s.stats().running == 0 { std::thread::yield_now(); }
+    /// for k in 0..3 { s.execute(k, || ()).unwrap(); }
+    /// let pending = s.shutdown_now();
+    /// assert_eq!(pending.len(), 3);
+    /// tx.send(()).unwrap();
+    /// ```
+    pub fn shutdown_now(&self) -> Vec<PendingTask<K>> {
+        let sh = &*self.shared;
+        sh.stop.store(true, Ordering::Release);
+        self.shutdown();
+        sh.gate.wait_idle();
+        let mut out: Vec<PendingTask<K>> = Vec::new();
+        // 1. Workers: stop each one; steal the chains of those inside a task (phase.rs). Every
+        //    worker is stopped before any chain is drained: a worker routing a lane's items
+        //    pushes onto chains until it stops.
+        let stolen: Vec<NonNull<KeyEntry<K>>> = sh
+            .slots
+            .iter()
+            .filter(|slot| slot.phase.stop() == Stopped::Stole)
+            .filter_map(|slot| NonNull::new(slot.current.load(Ordering::Relaxed) as *mut _))
+            .collect();
+        for e in stolen {
+            self.drain_into(e, &mut out);
+        }
+        // What workers handed back of the chains they held (they do so before going idle,
+        // which `stop` waited for).
+        out.append(&mut lock(&sh.handback));
+        // 2. Chains parked on permits.
+        for e in crate::permits::steal_all(sh) {
+            self.drain_into(e, &mut out);
+        }
+        // 3. Every queue.
+        let mut take = |r| match r {
+            Runnable::Chain(e) => self.drain_into(e, &mut out),
+            Runnable::Task(t) => out.push(PendingTask::new(None, t)),
+        };
+        while let Some(r) = worker::steal_into(|| sh.global.steal()) {
+            take(r);
+        }
+        for slot in sh.slots.iter() {
+            while let Some(r) = worker::steal_into(|| slot.stealer.steal()) {
+                take(r);
+            }
+        }
+        // Per key, a lane's items come after the key's chain. First what workers held of a
+        // lane or a deferral when they stopped (a deferral's runner hands back the item it
+        // took before the rest of the deferral, which the lane's owner or step 4 takes).
+        out.append(&mut lock(&sh.handback_lanes));
+        // 4. The lanes (lanes.rs), each taken for good: a free one at once, one whose owner is
+        //    inside a task by a steal that offers the owner "stop" instead of a deferral. An
+        //    owned one is being handed back by its owner (stopped above), who then releases
+        //    it. A lane's deferred items come before its queued ones: they were popped first.
+        if !sh.lanes.stopped.swap(true, Ordering::AcqRel) {
+            for l in 0..sh.lanes.len() {
+                let lane = sh.lanes.get(l);
+                let backoff = crossbeam_utils::Backoff::new();
+                loop {
+                    let taken = match lane.word.phase() {
+                        LanePhase::Free => lane.word.try_acquire(STOPPER),
+                        LanePhase::Running => lane.word.watch().is_some_and(|w| {
+                            sh.mailboxes.get(w.owner()).is_some_and(|victim| {
+                                lane.word
+                                    .try_steal(STOPPER, &w, victim, Deferral::stop_sentinel())
+                                    .is_ok()
+                            })
+                        }),
+                        LanePhase::Owned => false,
+                    };
+                    if taken {
+                        break;
+                    }
+                    crate::sync::snooze(&backoff);
+                }
+                let items = lane.deferrals.take_all();
+                out.extend(
+                    items
+                        .into_iter()
+                        .map(|i| PendingTask::new(Some(i.key), i.task.into_task())),
+                );
+                // SAFETY: the loop above took the lane for good (as `STOPPER`): nobody else
+                // pops it any more.
+                while let Some((key, task)) = unsafe { lane.pop_unhashed() } {
+                    out.push(PendingTask::new(Some(key), task.into_task()));
+                }
+            }
+        }
+        // 5. What workers handed back meanwhile: the lanes whose owner left a task after step
+        //    1 (step 4 waited for their release).
+        out.append(&mut lock(&sh.handback_lanes));
+        out.append(&mut lock(&sh.handback));
+        sh.handed_back.fetch_add(out.len() as u64, Ordering::AcqRel);
+        if let Some(c) = &sh.capacity {
+            for _ in 0..out.len() {
+                c.release();
+            }
+        }
+        sh.sleep.wake_all();
+        out
+    }
+
+    fn drain_into(&self, e: NonNull<KeyEntry<K>>, out: &mut Vec<PendingTask<K>>) {
+        // SAFETY: the caller took the chain's baton (stolen from a worker, a permit wait or a
+        // ready queue), so the entry is alive and the chain is ours.
+        let entry = unsafe { e.as_ref() };
+        let mut tasks = Vec::new();
+        // SAFETY: as above.
+        unsafe { drain_chain(entry, &mut tasks) };
+        for t in tasks {
+            // The key's `Clone` is user code: a task whose key cannot be cloned is not handed
+            // back but resolves `Panicked` with the key's payload (`user.rs`).
+            match crate::user::catch(|| entry.key().clone()) {
+                Ok(key) => out.push(PendingTask::new(Some(key), t)),
+                Err(payload) => {
+                    self.shared.dropped_outside.fetch_add(1, Ordering::AcqRel);
+                    if let Some(c) = &self.shared.capacity {
+                        c.release();
+                    }
+                    t.fail(payload);
+                }
+            }
+        }
+        // SAFETY: as above: we own the drained chain, and it is an entry of our table.
+        unsafe { crate::idle::release_drained(&self.shared, e) };
+    }
+
+    /// Waits until the serializer has terminated (shut down and every worker exited) or
+    /// `timeout` passes; returns whether it terminated. A timeout too large to add to the current
+    /// time (`Duration::MAX`) means no timeout.
+    ///
+    /// If it returns `false` after [`shutdown_now`](Self::shutdown_now) (called before or after
+    /// this wait), dropping the serializer no longer waits for the threads still inside a task
+    /// (see [Dropping](Self#dropping)).
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
+    /// s.execute(1, || ()).unwrap();
+    /// s.shutdown();
+    /// assert!(s.await_termination(std::time::Duration::from_secs(10)));
+    /// assert!(s.is_terminated());
+    /// ```
+    pub fn await_termination(&self, timeout: Duration) -> bool {
+        let done = self.wait_terminated(Instant::now().checked_add(timeout));
+        if !done && self.is_shutdown() {
+            self.gave_up.store(true, Ordering::Release);
+        }
+        done
+    }
+
+    /// Shuts down and waits at most `timeout` for termination (as tokio's
+    /// `Runtime::shutdown_timeout` does); returns whether everything finished in time.
+    ///
+    /// First as [`shutdown`](Self::shutdown): no new tasks, queued tasks still run. If every
+    /// queued task has run and every worker has exited within `timeout`, it returns `true`.
+    /// Otherwise, at the deadline it stops as [`shutdown_now`](Self::shutdown_now) does and
+    /// **cancels** the tasks that have not started: they are dropped unrun (their handles
+    /// resolve [`Cancelled`](crate::TaskError::Cancelled); an [`execute`](Self::execute) task is
+    /// simply lost), and it returns `false`. To get those tasks back instead, call `shutdown`,
+    /// `await_termination` and `shutdown_now` yourself.
+    ///
+    /// Worker threads still inside a task at the deadline are **detached**: nothing waits for
+    /// them, not this call and not the serializer's `Drop`. Each finishes the task it is in
+    /// (its handle resolves then, as usual), starts nothing more, and exits; the serializer's
+    /// shared state is freed when the last of them has exited. A task that never returns keeps
+    /// its thread forever, but nobody waits for it. A `timeout` too large to add to the current
+    /// time (`Duration::MAX`) means no timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use keyserial::{Builder, TaskError};
+    ///
+    /// let s = Builder::<&str>::new().workers(1).build().unwrap();
+    /// let (tx, rx) = std::sync::mpsc::channel::<()>();
+    /// let stuck = s.submit("a", move || { rx.recv().ok(); "finally" }).unwrap();
+    /// while s.stats().running == 0 { std::thread::yield_now(); }
+    /// let queued = s.submit("b", || "never").unwrap();
+    ///
+    /// assert!(!s.shutdown_timeout(Duration::from_millis(20)));
+    /// assert!(matches!(queued.join(), Err(TaskError::Cancelled)));
+    /// drop(s); // returns at once: the stuck thread is detached
+    /// tx.send(()).unwrap();
+    /// assert_eq!(stuck.join().unwrap(), "finally"); // it still finishes its task
+    /// ```
+    pub fn shutdown_timeout(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now().checked_add(timeout);
+        self.shutdown();
+        if self.wait_terminated(deadline) {
+            return true;
+        }
+        self.gave_up.store(true, Ordering::Release);
+        drop(self.shutdown_now());
+        false
+    }
+
+    /// Waits for termination until `deadline` (`None`: without bound).
+    fn wait_terminated(&self, deadline: Option<Instant>) -> bool {
+        let cond = &self.shared.terminated_cond;
+        let mut t = lock(&self.shared.terminated);
+        while !*t {
+            t = match deadline {
+                None => cond.wait(t).unwrap_or_else(|e| e.into_inner()),
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return false;
+                    }
+                    cond.wait_timeout(t, deadline - now)
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|e| e.into_inner().0)
+                }
+            };
+        }
+        true
+    }
+
+    /// `true` once [`shutdown`](Self::shutdown) or [`shutdown_now`](Self::shutdown_now) was called.
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
+    /// assert!(!s.is_shutdown());
+    /// ```
+    pub fn is_shutdown(&self) -> bool {
+        self.shared.shutdown.load(Ordering::Acquire)
+    }
+
+    /// `true` once shut down and every worker has exited.
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
+    /// assert!(!s.is_terminated());
+    /// ```
+    pub fn is_terminated(&self) -> bool {
+        *lock(&self.shared.terminated)
+    }
+}
+
+impl<K> Drop for Serializer<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// See [Dropping](Serializer#dropping).
+    fn drop(&mut self) {
+        self.shutdown();
+        if worker::on_worker_of(self.shared.id) {
+            return; // dropped inside one of our own tasks: the workers finish on their own
+        }
+        // After shutdown_now and a bounded wait that gave up, nothing queued is left: the threads
+        // still alive are inside a task. Detach them rather than wait without bound.
+        let detach =
+            self.gave_up.load(Ordering::Acquire) && self.shared.stop.load(Ordering::Acquire);
+        if detach {
+            crate::supervisor::stop(&self.shared);
+        }
+        loop {
+            let handles: Vec<_> = lock(&self.shared.threads).drain(..).collect();
+            if handles.is_empty() {
+                break;
+            }
+            for h in handles {
+                if detach && !h.is_finished() {
+                    drop(h); // detached: it exits once its task returns
+                } else {
+                    let _ = h.join();
+                }
+            }
+        }
+        crate::supervisor::stop(&self.shared);
+    }
+}
