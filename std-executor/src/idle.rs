@@ -61,7 +61,7 @@ pub(crate) type Garbage<K> = Vec<Unlinked<K, KeyState>>;
 /// lets it unlink from the entry's home slot instead of searching (see `table.rs`).
 ///
 /// # Safety
-/// `entry` is an entry of `shared.table`, and `retire` returns `true` only if it moved the
+/// `entry` is an entry of `shared.table()`, and `retire` returns `true` only if it moved the
 /// key's chain from idle to retired in this call (`Table::retire_take`'s contract).
 unsafe fn retire_unlink<K>(
     shared: &Shared<K>,
@@ -73,11 +73,11 @@ unsafe fn retire_unlink<K>(
     K: std::hash::Hash + Eq + Send + Sync + 'static,
 {
     // SAFETY: the caller's contract is `retire_take`'s.
-    if let Some(taken) = unsafe { shared.table.retire_take(entry, guard, retire) } {
+    if let Some(taken) = unsafe { shared.table().retire_take(entry, guard, retire) } {
         garbage.push(taken);
         if garbage.len() >= GARBAGE_BATCH {
             let batch = std::mem::replace(garbage, Vec::with_capacity(GARBAGE_BATCH));
-            shared.table.defer_free(batch, guard);
+            shared.table().defer_free(batch, guard);
         }
     }
 }
@@ -96,7 +96,7 @@ fn released<K>(
     // SAFETY: the guard was pinned before the release, so the entry stays allocated while it is
     // held even if another thread retires and unlinks it now.
     let entry = unsafe { entry_ptr.as_ref() };
-    let timeout = shared.config.key_idle_timeout.as_millis() as u64;
+    let timeout = shared.config().key_idle_timeout.as_millis() as u64;
     if timeout == 0 {
         // SAFETY: every entry the executor handles comes from its one table, and `try_retire`
         // succeeds only on the idle-to-retired transition.
@@ -124,7 +124,7 @@ fn released<K>(
 ///
 /// # Safety
 /// The caller owns `entry`'s chain (holds its baton), the chain is empty, and `entry` is an
-/// entry of `shared.table`.
+/// entry of `shared.table()`.
 pub(crate) unsafe fn release_drained<K>(shared: &Shared<K>, entry_ptr: NonNull<KeyEntry<K>>)
 where
     K: std::hash::Hash + Eq + Send + Sync + 'static,
@@ -148,7 +148,7 @@ where
                 ks.idle.reap(&ks.chain, now, 0, true) == Reap::Retired
             })
         };
-        shared.table.defer_free(garbage, &guard);
+        shared.table().defer_free(garbage, &guard);
     }
 }
 
@@ -194,7 +194,7 @@ fn reap<K>(
 ) where
     K: std::hash::Hash + Eq + Send + Sync + 'static,
 {
-    let timeout = shared.config.key_idle_timeout.as_millis() as u64;
+    let timeout = shared.config().key_idle_timeout.as_millis() as u64;
     let guard = crossbeam_epoch::pin();
     let mut budget = fifo.len();
     while budget > 0 {
@@ -281,7 +281,7 @@ where
         if !self.garbage.is_empty() {
             let guard = crossbeam_epoch::pin();
             shared
-                .table
+                .table()
                 .defer_free(std::mem::take(&mut self.garbage), &guard);
         }
     }

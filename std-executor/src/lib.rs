@@ -169,6 +169,7 @@ mod key;
 mod lane_task;
 mod lanes;
 mod latest_cells;
+mod lifecycle;
 mod nodes;
 mod pending;
 mod permit_wait;

@@ -69,7 +69,7 @@ use crate::key::{KeyEntry, Runnable};
 use crate::permit_wait::{Parked, PermitWait};
 use crate::semaphore::{AcquireError, Permit};
 use crate::shared::Shared;
-use crate::sync::{lock, Mutex, Ordering};
+use crate::sync::{lock, Mutex};
 use crate::task::{Abandon, TaskRef};
 
 pub(crate) enum PermitOutcome {
@@ -111,7 +111,7 @@ where
                     .chain
                     .unpop(NonNull::from(task_into_raw(task)))
             };
-            let wait = shared.permit_waits.register(Parked {
+            let wait = shared.permit_waits().register(Parked {
                 entry,
                 token: Mutex::new(None),
             });
@@ -143,7 +143,7 @@ fn on_grant<K>(
         return; // the serializer is gone; the permit (if any) goes back on drop
     };
     // On `Winner::Steal`, shutdown_now took the chain; dropping `res` returns the permits.
-    shared.permit_waits.grant(&wait, |parked| {
+    shared.permit_waits().grant(&wait, |parked| {
         // SAFETY: winning the grant gave us the chain's baton; the entry is alive while it is
         // active.
         let entry = unsafe { parked.entry.as_ref() };
@@ -160,10 +160,8 @@ fn on_grant<K>(
             }
             Err(_) => {
                 task.abandon(Abandon::Cancelled);
-                shared.dropped_outside.fetch_add(1, Ordering::AcqRel);
-                if let Some(c) = &shared.capacity {
-                    c.release();
-                }
+                shared.count_dropped_outside(1);
+                shared.release_slot();
             }
         }
         shared.schedule(Runnable::Chain(parked.entry), None);
@@ -174,7 +172,7 @@ fn on_grant<K>(
 /// (the caller drains them). Waits for grants in progress to reach a ready queue.
 pub(crate) fn steal_all<K>(shared: &Shared<K>) -> Vec<NonNull<KeyEntry<K>>> {
     let mut stolen = Vec::new();
-    shared.permit_waits.steal_all(|parked| {
+    shared.permit_waits().steal_all(|parked| {
         // Withdraw the request so it does not hold up the semaphore's queue. If the grant is
         // already on its way, its callback finds STOLEN and returns the permits.
         if let Some(token) = lock(&parked.token).take() {

@@ -90,7 +90,7 @@ where
     if item.task.kind() == Kind::LatestCell {
         // A pending latest task's cell: from here on its task is routed like any other.
         let Item { key, hash, task } = item;
-        match sh.latest.take(hash, task.into_task()) {
+        match sh.latest().take(hash, task.into_task()) {
             Some(task) => {
                 item = Item {
                     key,
@@ -105,8 +105,8 @@ where
     // Only a permit-gated task needs its key's state (the chain it parks); the rest run
     // directly unless the key is tracked.
     let plain = kind != Kind::Permits && track == Track::AsIs;
-    let lane = sh.lanes.index_of(hash);
-    if plain && !sh.lanes.tracked.any(lane, hash) {
+    let lane = sh.lanes().index_of(hash);
+    if plain && !sh.lanes().tracked.any(lane, hash) {
         return Route::Direct(item);
     }
     let guard = crossbeam_epoch::pin();
@@ -177,7 +177,7 @@ fn chain_of<'g, K>(
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
-    sh.table
+    sh.table()
         .get(key, guard)
         .filter(|e| bound_for_chain(e.value()))
 }
@@ -207,11 +207,11 @@ where
     // key is cloned before the insert starts, so that a panicking `Clone` leaves no half-made
     // insert behind; the insert runs only the key's `Hash` and `Eq`, neither while it holds
     // anything of the table's (a panic there drops its unpublished entry).
-    match sh.table.get(key, guard) {
+    match sh.table().get(key, guard) {
         Some(entry) if !entry.value().chain.is_retired() => entry,
-        _ => sh.table.get_or_insert_with(
+        _ => sh.table().get_or_insert_with(
             key.clone(),
-            || KeyState::new(TrackToken::new(&sh.lanes.tracked, lane, hash)),
+            || KeyState::new(TrackToken::new(&sh.lanes().tracked, lane, hash)),
             guard,
         ),
     }

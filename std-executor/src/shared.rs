@@ -1,7 +1,6 @@
 //! The state shared by a serializer's handle, its workers and its supervisor.
 
 use std::hash::Hash;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_deque::Injector;
@@ -14,17 +13,17 @@ use crate::capacity::Capacity;
 use crate::claims::Claims;
 use crate::deferral::Deferral;
 use crate::gate::Gate;
-use crate::key::{IdleItem, KeyState, Runnable};
+use crate::key::{KeyState, Runnable};
 use crate::lane_task::Item;
 use crate::lanes::{AfterPush, Closed, KeyHasher, Lanes};
 use crate::latest_cells::LatestCells;
+use crate::lifecycle::Lifecycle;
 use crate::nodes::Recycled;
-use crate::pending::PendingTask;
 use crate::permit_wait::PermitWaits;
 use crate::phase::Phase;
 use crate::sleep::Sleep;
 use crate::slot::{Counters, Owned, Slot};
-use crate::sync::{lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 pub(crate) struct Config {
     pub(crate) workers: usize,
@@ -35,54 +34,64 @@ pub(crate) struct Config {
     pub(crate) thread_name: String,
 }
 
+/// Everything a serializer's handle, its workers and its supervisor share. Every field is private:
+/// the hot routing state (lanes, ready queues, slots, sleep, key table) is reached through
+/// accessors named for what it is, the lifecycle through [`Lifecycle`]'s transitions, and the
+/// counts kept outside the worker slots through the `count_*` methods, summed with the slots'
+/// in one place ([`Shared::tally`]).
 pub(crate) struct Shared<K> {
-    pub(crate) id: usize,
-    pub(crate) config: Config,
+    id: usize,
+    config: Config,
     /// Entries come from the per-thread recycling caches: a key is created on the submitter and
     /// freed wherever the epoch runs its deferred frees. Keys are hashed with foldhash (hashbrown's
     /// default), randomly seeded per serializer: every submit hashes its key, and SipHash costs
     /// several times more instructions on a small key.
-    pub(crate) table: Table<K, KeyState, foldhash::fast::RandomState, Recycled>,
-    /// Where outside submitters and yielding chains queue runnables: any worker takes from it
-    /// (see `worker/find.rs`, "Finding work").
-    pub(crate) global: CachePadded<Injector<Runnable<K>>>,
+    table: Table<K, KeyState, foldhash::fast::RandomState, Recycled>,
+    /// Where chains that yield after their fairness budget and unkeyed tasks from outside the
+    /// workers queue: any worker takes from it (see `worker/find.rs`, "Finding work").
+    global: CachePadded<Injector<Runnable<K>>>,
     /// Where every keyed submission goes first (`lanes.rs`).
-    pub(crate) lanes: Lanes<K>,
+    lanes: Lanes<K>,
     /// Per worker slot: the deferral a thief hands the worker it took a lane from.
-    pub(crate) mailboxes: Box<[CachePadded<Mailbox<Deferral<K>>>]>,
+    mailboxes: Box<[CachePadded<Mailbox<Deferral<K>>>]>,
     /// `submit_distinct`'s claims (`claims.rs`).
-    pub(crate) claims: std::sync::Arc<Claims<K>>,
+    claims: std::sync::Arc<Claims<K>>,
     /// `submit_latest`'s pending tasks (`latest_cells.rs`).
-    pub(crate) latest: LatestCells<K>,
-    pub(crate) slots: Box<[Slot<K>]>,
-    pub(crate) sleep: Sleep,
-    pub(crate) gate: Gate,
-    pub(crate) capacity: Option<Capacity>,
-    /// `shutdown` was called (no new tasks; queued ones run).
-    pub(crate) shutdown: AtomicBool,
-    /// `shutdown_now` was called (nothing more runs).
-    pub(crate) stop: AtomicBool,
-    pub(crate) live_workers: AtomicUsize,
-    /// Tasks handed back by `shutdown_now` or by workers that met the stop flag.
-    pub(crate) handback: Mutex<Vec<PendingTask<K>>>,
-    /// The same for items a worker held of a lane or a deferral (kept apart: per key, they come
-    /// after the key's chain).
-    pub(crate) handback_lanes: Mutex<Vec<PendingTask<K>>>,
-    pub(crate) handed_back: AtomicU64,
-    /// Tasks resolved without running outside a worker (a permit wait on a closed semaphore).
-    pub(crate) dropped_outside: AtomicU64,
-    pub(crate) rejected: AtomicU64,
-    /// Idle items of elastic workers that exited; adopted by worker 0.
-    pub(crate) orphans: Mutex<Vec<IdleItem<K>>>,
-    pub(crate) threads: Mutex<Vec<JoinHandle<()>>>,
-    pub(crate) terminated: Mutex<bool>,
-    pub(crate) terminated_cond: Condvar,
+    latest: LatestCells<K>,
+    slots: Box<[Slot<K>]>,
+    sleep: Sleep,
+    gate: Gate,
+    capacity: Option<Capacity>,
+    lifecycle: Lifecycle<K>,
+    outside: Outside,
     /// Milliseconds (since `start`) at which every worker was first seen busy with work waiting;
     /// 0 when not starved. Drives the elastic pool.
-    pub(crate) starved_since: AtomicU64,
-    pub(crate) supervisor: Mutex<Option<crate::sync::Unparker>>,
-    pub(crate) permit_waits: PermitWaits<K>,
-    pub(crate) start: Instant,
+    starved_since: AtomicU64,
+    permit_waits: PermitWaits<K>,
+    start: Instant,
+}
+
+/// Counts kept outside the worker slots (by submitters and `shutdown_now`).
+#[derive(Default)]
+struct Outside {
+    /// Tasks handed back by `shutdown_now`.
+    handed_back: AtomicU64,
+    /// Tasks resolved without running outside a worker (a superseded latest task, a permit
+    /// wait on a closed semaphore, a task whose key's `Clone` panicked while handed back).
+    dropped: AtomicU64,
+    rejected: AtomicU64,
+}
+
+/// Every count of a serializer's tasks, summed once ([`Shared::tally`]).
+pub(crate) struct Tally {
+    pub(crate) admitted: u64,
+    pub(crate) started: u64,
+    pub(crate) completed: u64,
+    pub(crate) panicked: u64,
+    /// Left without running, on a worker or outside one.
+    pub(crate) dropped: u64,
+    pub(crate) handed_back: u64,
+    pub(crate) rejected: u64,
 }
 
 /// Serializer ids (for "am I on one of this serializer's workers?"); a plain std atomic.
@@ -101,6 +110,139 @@ impl<K> Shared<K> {
     /// Milliseconds since the serializer started (the idle and elastic clocks); never 0.
     pub(crate) fn now_ms(&self) -> u64 {
         self.start.elapsed().as_millis() as u64 + 1
+    }
+
+    /// The serializer's id (which serializer a worker thread belongs to).
+    #[inline]
+    pub(crate) fn id(&self) -> usize {
+        self.id
+    }
+
+    /// The settings it was built with.
+    #[inline]
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The key table: the keys that hold state (a chain).
+    #[inline]
+    pub(crate) fn table(&self) -> &Table<K, KeyState, foldhash::fast::RandomState, Recycled> {
+        &self.table
+    }
+
+    /// The global ready queue.
+    #[inline]
+    pub(crate) fn global(&self) -> &Injector<Runnable<K>> {
+        &self.global
+    }
+
+    /// The lanes every keyed submission enters by.
+    #[inline]
+    pub(crate) fn lanes(&self) -> &Lanes<K> {
+        &self.lanes
+    }
+
+    /// Worker slot `i`'s mailbox for the deferral a lane's thief hands it (`None`: no such
+    /// slot, as for `shutdown_now`'s own id).
+    #[inline]
+    pub(crate) fn mailbox(&self, i: usize) -> Option<&Mailbox<Deferral<K>>> {
+        self.mailboxes.get(i).map(|m| &**m)
+    }
+
+    /// `submit_distinct`'s claims.
+    #[inline]
+    pub(crate) fn claims(&self) -> &std::sync::Arc<Claims<K>> {
+        &self.claims
+    }
+
+    /// `submit_latest`'s pending tasks.
+    #[inline]
+    pub(crate) fn latest(&self) -> &LatestCells<K> {
+        &self.latest
+    }
+
+    /// The worker slots (core workers first, then elastic ones).
+    #[inline]
+    pub(crate) fn slots(&self) -> &[Slot<K>] {
+        &self.slots
+    }
+
+    /// Who searches and who sleeps.
+    #[inline]
+    pub(crate) fn sleep(&self) -> &Sleep {
+        &self.sleep
+    }
+
+    /// The admission gate of unkeyed and latest submissions.
+    #[inline]
+    pub(crate) fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    /// The bound on queued tasks, if any.
+    #[inline]
+    pub(crate) fn capacity(&self) -> Option<&Capacity> {
+        self.capacity.as_ref()
+    }
+
+    /// Gives a queued task's capacity slot back (it started, or left without running).
+    #[inline]
+    pub(crate) fn release_slot(&self) {
+        if let Some(c) = &self.capacity {
+            c.release();
+        }
+    }
+
+    /// Running, shut down, stopped, terminated; threads and hand-backs.
+    #[inline]
+    pub(crate) fn lifecycle(&self) -> &Lifecycle<K> {
+        &self.lifecycle
+    }
+
+    /// The elastic pool's clock: when every worker was first seen busy with work waiting.
+    pub(crate) fn starved_since(&self) -> &AtomicU64 {
+        &self.starved_since
+    }
+
+    /// Chains parked on permits.
+    pub(crate) fn permit_waits(&self) -> &PermitWaits<K> {
+        &self.permit_waits
+    }
+
+    /// A submission was refused.
+    pub(crate) fn count_rejected(&self) {
+        self.outside.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `n` tasks were resolved without running, outside a worker.
+    pub(crate) fn count_dropped_outside(&self, n: u64) {
+        self.outside.dropped.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// `shutdown_now` handed `n` tasks back.
+    pub(crate) fn count_handed_back(&self, n: u64) {
+        self.outside.handed_back.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Every count, summed over the slots and the outside counters: the one place that knows
+    /// how (for `stats` and `outstanding`).
+    pub(crate) fn tally(&self) -> Tally {
+        let mut t = Tally {
+            admitted: self.gate.admitted() + self.lanes.pushed(),
+            started: 0,
+            completed: 0,
+            panicked: 0,
+            dropped: self.outside.dropped.load(Ordering::Acquire),
+            handed_back: self.outside.handed_back.load(Ordering::Acquire),
+            rejected: self.outside.rejected.load(Ordering::Relaxed),
+        };
+        for s in self.slots.iter() {
+            t.started += s.counters.started.load(Ordering::Acquire);
+            t.completed += s.counters.completed.load(Ordering::Acquire);
+            t.panicked += s.counters.panicked.load(Ordering::Acquire);
+            t.dropped += s.counters.dropped.load(Ordering::Acquire);
+        }
+        t
     }
 }
 
@@ -149,20 +291,9 @@ where
             sleep: Sleep::new(unparkers),
             gate: Gate::new(gate_words),
             capacity: capacity.map(Capacity::new),
-            shutdown: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
-            live_workers: AtomicUsize::new(0),
-            handback: Mutex::new(Vec::new()),
-            handback_lanes: Mutex::new(Vec::new()),
-            handed_back: AtomicU64::new(0),
-            dropped_outside: AtomicU64::new(0),
-            rejected: AtomicU64::new(0),
-            orphans: Mutex::new(Vec::new()),
-            threads: Mutex::new(Vec::new()),
-            terminated: Mutex::new(false),
-            terminated_cond: Condvar::new(),
+            lifecycle: Lifecycle::new(),
+            outside: Outside::default(),
             starved_since: AtomicU64::new(0),
-            supervisor: Mutex::new(None),
             permit_waits: PermitWaits::new(),
             start: Instant::now(),
             config,
@@ -201,13 +332,6 @@ where
         Ok(())
     }
 
-    /// Submissions admitted so far: those the gate counted, and every item pushed onto a lane
-    /// (a keyed submission is admitted by its lane's reservation, see `serializer/admit.rs`,
-    /// "Admission").
-    pub(crate) fn admitted(&self) -> u64 {
-        self.gate.admitted() + self.lanes.pushed()
-    }
-
     /// Something became runnable: wake a sleeper if nobody is searching; if every worker is
     /// busy, tell the elastic pool.
     pub(crate) fn notify(&self) {
@@ -236,24 +360,15 @@ where
                 .compare_exchange(0, self.now_ms(), Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
         {
-            if let Some(u) = lock(&self.supervisor).as_ref() {
-                u.unpark();
-            }
+            self.lifecycle.wake_supervisor();
         }
     }
 
     /// Tasks admitted and not yet finished (run, dropped or handed back). Exact when quiescent.
     pub(crate) fn outstanding(&self) -> u64 {
-        let (mut completed, mut dropped) = (0u64, 0u64);
-        for s in self.slots.iter() {
-            completed += s.counters.completed.load(Ordering::Acquire);
-            dropped += s.counters.dropped.load(Ordering::Acquire);
-        }
-        let finished = completed
-            + dropped
-            + self.handed_back.load(Ordering::Acquire)
-            + self.dropped_outside.load(Ordering::Acquire);
-        self.admitted().saturating_sub(finished)
+        let t = self.tally();
+        t.admitted
+            .saturating_sub(t.completed + t.dropped + t.handed_back)
     }
 
     /// `true` if any queue visibly holds something to run (a lane's items count even behind
@@ -266,19 +381,9 @@ where
 
     /// Marks termination once the last worker has exited after shutdown.
     pub(crate) fn worker_exited(&self) {
-        let left = self.live_workers.fetch_sub(1, Ordering::AcqRel) - 1;
-        if left == 0 && self.shutdown.load(Ordering::Acquire) {
-            self.set_terminated();
-        }
-    }
-
-    pub(crate) fn set_terminated(&self) {
-        let mut t = lock(&self.terminated);
-        *t = true;
-        self.terminated_cond.notify_all();
-        drop(t);
-        if let Some(u) = lock(&self.supervisor).as_ref() {
-            u.unpark();
+        let left = self.lifecycle.worker_ended();
+        if left == 0 && self.lifecycle.is_shutdown() {
+            self.lifecycle.set_terminated();
         }
     }
 }

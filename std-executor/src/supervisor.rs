@@ -33,20 +33,20 @@ where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     let parker = Parker::new();
-    *lock(&shared.supervisor) = Some(parker.unparker().clone());
+    shared.lifecycle().set_supervisor(parker.unparker().clone());
     let weak = Arc::downgrade(shared);
-    let name = format!("{}-supervisor", shared.config.thread_name);
+    let name = format!("{}-supervisor", shared.config().thread_name);
     let handle = std::thread::Builder::new().name(name).spawn(move || loop {
         let Some(sh) = weak.upgrade() else { return };
-        if *lock(&sh.terminated) || sh.stop.load(Ordering::Acquire) {
+        if sh.lifecycle().is_terminated() || sh.lifecycle().is_stopped() {
             return;
         }
-        let starved = sh.starved_since.load(Ordering::Acquire);
+        let starved = sh.starved_since().load(Ordering::Acquire);
         // While lanes hold items, look often: an owner may get stuck in a task after the
         // submits behind it found it busy (and so stamped nothing).
         let wait = if starved != 0 {
             2
-        } else if sh.lanes.queued_anywhere() {
+        } else if sh.lanes().queued_anywhere() {
             5
         } else {
             200
@@ -54,8 +54,8 @@ where
         drop(sh);
         parker.park_timeout(Duration::from_millis(wait));
         let Some(sh) = weak.upgrade() else { return };
-        let starved = sh.starved_since.load(Ordering::Acquire);
-        if starved == 0 && !sh.lanes.watch_busy().is_empty() && !sh.sleep.has_idle_worker() {
+        let starved = sh.starved_since().load(Ordering::Acquire);
+        if starved == 0 && !sh.lanes().watch_busy().is_empty() && !sh.sleep().has_idle_worker() {
             // Items wait behind an owner inside a task, and no worker is idle to take the
             // lane over: start the clock.
             sh.starving();
@@ -64,19 +64,19 @@ where
         if starved == 0 || sh.now_ms().saturating_sub(starved) < STARVED_MS {
             continue;
         }
-        if !stamp_expired(&sh.starved_since, &sh.sleep, || sh.has_visible_work())
-            || sh.shutdown.load(Ordering::Acquire)
+        if !stamp_expired(sh.starved_since(), sh.sleep(), || sh.has_visible_work())
+            || sh.lifecycle().is_shutdown()
         {
             continue;
         }
-        let cfg = &sh.config;
+        let cfg = &sh.config();
         if let Some(i) = (cfg.workers..cfg.max_workers).find(|&i| {
-            !sh.slots[i].alive.load(Ordering::Acquire) && lock(&sh.slots[i].local).is_some()
+            !sh.slots()[i].alive.load(Ordering::Acquire) && lock(&sh.slots()[i].local).is_some()
         }) {
             let _ = crate::worker::spawn(&sh, i);
         }
     })?;
-    lock(&shared.threads).push(handle);
+    shared.lifecycle().add_thread(handle);
     Ok(())
 }
 
@@ -91,7 +91,5 @@ pub fn stamp_expired(stamp: &AtomicU64, sleep: &Sleep, visible: impl FnOnce() ->
 
 /// Wakes the supervisor so it notices termination.
 pub(crate) fn stop<K>(shared: &Shared<K>) {
-    if let Some(u) = lock(&shared.supervisor).as_ref() {
-        u.unpark();
-    }
+    shared.lifecycle().wake_supervisor();
 }

@@ -68,12 +68,17 @@ pub(crate) fn call_quietly(f: impl FnOnce()) {
     }
 }
 
-/// Drops a panic payload, swallowing a panic from the payload's own destructor (whose payload
-/// is then leaked rather than dropped: a third panic would abort).
+/// Drops a panic payload, swallowing a panic from the payload's own destructor (and from the
+/// payloads of those, a few deep; past that the last one is leaked rather than dropped).
 pub(crate) fn drop_payload(payload: Payload) {
-    if let Err(again) = catch(move || drop(payload)) {
-        std::mem::forget(again);
+    let mut payload = payload;
+    for _ in 0..4 {
+        match catch(move || drop(payload)) {
+            Ok(()) => return,
+            Err(again) => payload = again,
+        }
     }
+    std::mem::forget(payload);
 }
 
 #[cfg(all(test, not(loom)))]

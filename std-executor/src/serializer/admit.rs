@@ -41,6 +41,7 @@ use crate::latest_cells::Offered;
 use crate::semaphore::Semaphore;
 #[cfg(debug_assertions)]
 use crate::shared::Shared;
+#[cfg(debug_assertions)]
 use crate::sync::Ordering;
 use crate::task::{Abandon, Joined, Kind, TaskRef};
 use crate::worker;
@@ -121,25 +122,25 @@ where
     ) -> Result<(), RejectReason> {
         let sh = &*self.shared;
         let refuse = |reason| {
-            sh.rejected.fetch_add(1, Ordering::Relaxed);
+            sh.count_rejected();
             Err(reason)
         };
-        if sh.shutdown.load(Ordering::Acquire) {
+        if sh.lifecycle().is_shutdown() {
             return refuse(RejectReason::Shutdown);
         }
-        let reservation = match &sh.capacity {
+        let reservation = match &sh.capacity() {
             None => Reservation::unlimited(),
             Some(cap) => {
-                let ok = if worker::current_worker::<K>(sh.id).is_some() {
+                let ok = if worker::current_worker::<K>(sh.id()).is_some() {
                     cap.force_reserve();
                     true
                 } else if mode == Mode::Try {
                     cap.try_reserve()
                 } else {
-                    cap.reserve(|| sh.gate.is_closed() || sh.shutdown.load(Ordering::Acquire))
+                    cap.reserve(|| sh.gate().is_closed() || sh.lifecycle().is_shutdown())
                 };
                 if !ok {
-                    let shut = sh.shutdown.load(Ordering::Acquire);
+                    let shut = sh.lifecycle().is_shutdown();
                     let reason = if shut {
                         RejectReason::Shutdown
                     } else {
@@ -152,10 +153,10 @@ where
         };
         let Some(key) = key else {
             // An unkeyed task is admitted by the gate.
-            let Some(ticket) = sh.gate.enter() else {
+            let Some(ticket) = sh.gate().enter() else {
                 return refuse(RejectReason::Shutdown);
             };
-            let local = worker::current_worker::<K>(sh.id).map(|(_, d)| d);
+            let local = worker::current_worker::<K>(sh.id()).map(|(_, d)| d);
             sh.schedule(Runnable::Task(build(None).into_task()), local);
             reservation.keep();
             ticket.admit();
@@ -167,7 +168,7 @@ where
         }
         // Keep-first: a `submit_distinct` claims its key until its task starts (`claims.rs`).
         let claim = if kind == Kind::Distinct {
-            match sh.claims.claim(&key, hash) {
+            match sh.claims().claim(&key, hash) {
                 Some(claim) => Some(claim),
                 None => return refuse(RejectReason::Duplicate),
             }
@@ -194,7 +195,7 @@ where
             return refuse(RejectReason::Shutdown);
         }
         reservation.keep();
-        sh.latest.seal(hash);
+        sh.latest().seal(hash);
         Ok(())
     }
 
@@ -210,7 +211,7 @@ where
         refuse: impl Fn(RejectReason) -> Result<(), RejectReason>,
     ) -> Result<(), RejectReason> {
         let sh = &*self.shared;
-        let Some(ticket) = sh.gate.enter() else {
+        let Some(ticket) = sh.gate().enter() else {
             return refuse(RejectReason::Shutdown);
         };
         // The key's `Clone` for the lane item, before anything is offered (user code: a
@@ -226,13 +227,13 @@ where
             });
             assert!(pushed.is_ok(), "a lane closed while the gate was open");
         };
-        let offered = sh.latest.offer(key, hash, task.into_task(), push);
+        let offered = sh.latest().offer(key, hash, task.into_task(), push);
         // Unused when the task replaced its key's pending one: the user's `Drop`, contained.
         crate::user::drop_quietly(lane_key);
         match offered {
             Offered::Replaced(old) => {
                 old.abandon(Abandon::Superseded);
-                sh.dropped_outside.fetch_add(1, Ordering::AcqRel);
+                sh.count_dropped_outside(1);
                 // The replaced task's slot is the new task's: give back the one reserved.
                 drop(reservation);
                 // No push: the gate counts this one.
@@ -254,7 +255,7 @@ where
     pub(super) fn origin_of(&self, key: Option<&K>, kind: Kind) -> OriginCheck {
         let key = key.filter(|_| kind != Kind::Latest)?.clone();
         Some(Box::new(KeyOrigin {
-            id: self.shared.id,
+            id: self.shared.id(),
             shared: Arc::downgrade(&self.shared),
             key,
         }))
@@ -287,14 +288,14 @@ where
         let Some(sh) = self.shared.upgrade() else {
             return false;
         };
-        let Some((slot, _)) = worker::current_worker::<K>(sh.id) else {
+        let Some((slot, _)) = worker::current_worker::<K>(sh.id()) else {
             return false;
         };
         // After shutdown_now a queued task may be handed back and run elsewhere: no verdict.
-        if sh.stop.load(Ordering::Acquire) {
+        if sh.lifecycle().is_stopped() {
             return false;
         }
-        let slot = &sh.slots[slot];
+        let slot = &sh.slots()[slot];
         // Only this thread moves its slot in and out of RUNNING and sets `current` before each
         // task: RUNNING here means we are inside a task of the chain at `current`.
         if !slot.phase.is_running() {
@@ -312,6 +313,6 @@ where
         // the chain is active and the entry live; a stolen active chain's entry is freed only
         // with the table, which `sh` keeps alive.
         let same = unsafe { entry.as_ref() }.key() == &self.key;
-        same && !sh.stop.load(Ordering::Acquire)
+        same && !sh.lifecycle().is_stopped()
     }
 }

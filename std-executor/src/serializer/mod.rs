@@ -25,7 +25,7 @@ use crate::semaphore::Semaphore;
 use crate::shared::{Config, Shared};
 use crate::slot::Owned;
 use crate::stats::Stats;
-use crate::sync::{Ordering, Parker};
+use crate::sync::Parker;
 use crate::task::{Detached, Job, Kind};
 use crate::worker::{self};
 
@@ -135,7 +135,7 @@ where
 {
     /// The lane a key's submissions go through (tests that need keys sharing a lane).
     pub(crate) fn lane_of(&self, key: &K) -> usize {
-        self.shared.lanes.index_of(self.shared.hash_of(key))
+        self.shared.lanes().index_of(self.shared.hash_of(key))
     }
 }
 
@@ -394,7 +394,7 @@ where
         T: Send + 'static,
     {
         if n > sem.capacity() {
-            self.shared.rejected.fetch_add(1, Ordering::Relaxed);
+            self.shared.count_rejected();
             return Err(Rejected {
                 reason: RejectReason::TooManyPermits,
                 task,
@@ -434,24 +434,17 @@ where
     /// ```
     pub fn stats(&self) -> Stats {
         let sh = &*self.shared;
-        let (mut started, mut completed, mut panicked, mut dropped) = (0u64, 0u64, 0u64, 0u64);
-        for s in sh.slots.iter() {
-            started += s.counters.started.load(Ordering::Acquire);
-            completed += s.counters.completed.load(Ordering::Acquire);
-            panicked += s.counters.panicked.load(Ordering::Acquire);
-            dropped += s.counters.dropped.load(Ordering::Acquire);
-        }
-        dropped += sh.dropped_outside.load(Ordering::Acquire);
-        let admitted = sh.admitted();
-        let handed = sh.handed_back.load(Ordering::Acquire);
+        let t = sh.tally();
         Stats {
-            workers: sh.live_workers.load(Ordering::Acquire),
-            active_keys: sh.table.len(),
-            queued: admitted.saturating_sub(started + dropped + handed) as usize,
-            running: started.saturating_sub(completed) as usize,
-            completed,
-            panicked,
-            rejected: sh.rejected.load(Ordering::Relaxed),
+            workers: sh.lifecycle().live_workers(),
+            active_keys: sh.table().len(),
+            queued: t
+                .admitted
+                .saturating_sub(t.started + t.dropped + t.handed_back) as usize,
+            running: t.started.saturating_sub(t.completed) as usize,
+            completed: t.completed,
+            panicked: t.panicked,
+            rejected: t.rejected,
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::key::{KeyEntry, Runnable};
 use crate::lanes::STOPPER;
 use crate::pending::PendingTask;
 use crate::phase::Stopped;
-use crate::sync::{lock, Ordering};
+use crate::sync::Ordering;
 use crate::worker::{self, drain_chain};
 
 use super::Serializer;
@@ -36,18 +36,18 @@ where
     /// ```
     pub fn shutdown(&self) {
         let sh = &*self.shared;
-        sh.shutdown.store(true, Ordering::Release);
+        sh.lifecycle().begin_shutdown();
         // Unkeyed and latest submissions are admitted by the gate, keyed ones by their lane
         // (see "Admission"): the lanes close once the gate's last submission has pushed.
-        sh.gate.close();
-        sh.gate.wait_idle();
-        sh.lanes.close();
-        if let Some(c) = &sh.capacity {
+        sh.gate().close();
+        sh.gate().wait_idle();
+        sh.lanes().close();
+        if let Some(c) = sh.capacity() {
             c.wake_all();
         }
-        sh.sleep.wake_all();
-        if sh.live_workers.load(Ordering::Acquire) == 0 {
-            sh.set_terminated();
+        sh.sleep().wake_all();
+        if sh.lifecycle().live_workers() == 0 {
+            sh.lifecycle().set_terminated();
         }
     }
 
@@ -69,15 +69,15 @@ where
     /// ```
     pub fn shutdown_now(&self) -> Vec<PendingTask<K>> {
         let sh = &*self.shared;
-        sh.stop.store(true, Ordering::Release);
+        sh.lifecycle().begin_stop();
         self.shutdown();
-        sh.gate.wait_idle();
+        sh.gate().wait_idle();
         let mut out: Vec<PendingTask<K>> = Vec::new();
         // 1. Workers: stop each one; steal the chains of those inside a task (phase.rs). Every
         //    worker is stopped before any chain is drained: a worker routing a lane's items
         //    pushes onto chains until it stops.
         let stolen: Vec<NonNull<KeyEntry<K>>> = sh
-            .slots
+            .slots()
             .iter()
             .filter(|slot| slot.phase.stop() == Stopped::Stole)
             .filter_map(|slot| NonNull::new(slot.current.load(Ordering::Relaxed) as *mut _))
@@ -87,7 +87,7 @@ where
         }
         // What workers handed back of the chains they held (they do so before going idle,
         // which `stop` waited for).
-        out.append(&mut lock(&sh.handback));
+        out.append(&mut sh.lifecycle().take_handed_back());
         // 2. Chains parked on permits.
         for e in crate::permits::steal_all(sh) {
             self.drain_into(e, &mut out);
@@ -97,10 +97,10 @@ where
             Runnable::Chain(e) => self.drain_into(e, &mut out),
             Runnable::Task(t) => out.push(PendingTask::new(None, t)),
         };
-        while let Some(r) = worker::steal_into(|| sh.global.steal()) {
+        while let Some(r) = worker::steal_into(|| sh.global().steal()) {
             take(r);
         }
-        for slot in sh.slots.iter() {
+        for slot in sh.slots().iter() {
             while let Some(r) = worker::steal_into(|| slot.stealer.steal()) {
                 take(r);
             }
@@ -108,20 +108,20 @@ where
         // Per key, a lane's items come after the key's chain. First what workers held of a
         // lane or a deferral when they stopped (a deferral's runner hands back the item it
         // took before the rest of the deferral, which the lane's owner or step 4 takes).
-        out.append(&mut lock(&sh.handback_lanes));
+        out.append(&mut sh.lifecycle().take_handed_back_lane_items());
         // 4. The lanes (lanes.rs), each taken for good: a free one at once, one whose owner is
         //    inside a task by a steal that offers the owner "stop" instead of a deferral. An
         //    owned one is being handed back by its owner (stopped above), who then releases
         //    it. A lane's deferred items come before its queued ones: they were popped first.
-        if !sh.lanes.stopped.swap(true, Ordering::AcqRel) {
-            for l in 0..sh.lanes.len() {
-                let lane = sh.lanes.get(l);
+        if !sh.lanes().stopped.swap(true, Ordering::AcqRel) {
+            for l in 0..sh.lanes().len() {
+                let lane = sh.lanes().get(l);
                 let backoff = crossbeam_utils::Backoff::new();
                 loop {
                     let taken = match lane.word.phase() {
                         LanePhase::Free => lane.word.try_acquire(STOPPER),
                         LanePhase::Running => lane.word.watch().is_some_and(|w| {
-                            sh.mailboxes.get(w.owner()).is_some_and(|victim| {
+                            sh.mailbox(w.owner()).is_some_and(|victim| {
                                 lane.word
                                     .try_steal(STOPPER, &w, victim, Deferral::stop_sentinel())
                                     .is_ok()
@@ -149,15 +149,15 @@ where
         }
         // 5. What workers handed back meanwhile: the lanes whose owner left a task after step
         //    1 (step 4 waited for their release).
-        out.append(&mut lock(&sh.handback_lanes));
-        out.append(&mut lock(&sh.handback));
-        sh.handed_back.fetch_add(out.len() as u64, Ordering::AcqRel);
-        if let Some(c) = &sh.capacity {
+        out.append(&mut sh.lifecycle().take_handed_back_lane_items());
+        out.append(&mut sh.lifecycle().take_handed_back());
+        sh.count_handed_back(out.len() as u64);
+        if let Some(c) = sh.capacity() {
             for _ in 0..out.len() {
                 c.release();
             }
         }
-        sh.sleep.wake_all();
+        sh.sleep().wake_all();
         out
     }
 
@@ -174,10 +174,8 @@ where
             match crate::user::catch(|| entry.key().clone()) {
                 Ok(key) => out.push(PendingTask::new(Some(key), t)),
                 Err(payload) => {
-                    self.shared.dropped_outside.fetch_add(1, Ordering::AcqRel);
-                    if let Some(c) = &self.shared.capacity {
-                        c.release();
-                    }
+                    self.shared.count_dropped_outside(1);
+                    self.shared.release_slot();
                     t.fail(payload);
                 }
             }
@@ -256,23 +254,7 @@ where
 
     /// Waits for termination until `deadline` (`None`: without bound).
     fn wait_terminated(&self, deadline: Option<Instant>) -> bool {
-        let cond = &self.shared.terminated_cond;
-        let mut t = lock(&self.shared.terminated);
-        while !*t {
-            t = match deadline {
-                None => cond.wait(t).unwrap_or_else(|e| e.into_inner()),
-                Some(deadline) => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return false;
-                    }
-                    cond.wait_timeout(t, deadline - now)
-                        .map(|(g, _)| g)
-                        .unwrap_or_else(|e| e.into_inner().0)
-                }
-            };
-        }
-        true
+        self.shared.lifecycle().wait_terminated(deadline)
     }
 
     /// `true` once [`shutdown`](Self::shutdown) or [`shutdown_now`](Self::shutdown_now) was called.
@@ -282,7 +264,7 @@ where
     /// assert!(!s.is_shutdown());
     /// ```
     pub fn is_shutdown(&self) -> bool {
-        self.shared.shutdown.load(Ordering::Acquire)
+        self.shared.lifecycle().is_shutdown()
     }
 
     /// `true` once shut down and every worker has exited.
@@ -292,7 +274,7 @@ where
     /// assert!(!s.is_terminated());
     /// ```
     pub fn is_terminated(&self) -> bool {
-        *lock(&self.shared.terminated)
+        self.shared.lifecycle().is_terminated()
     }
 }
 
@@ -303,18 +285,17 @@ where
     /// See [Dropping](Serializer#dropping).
     fn drop(&mut self) {
         self.shutdown();
-        if worker::on_worker_of(self.shared.id) {
+        if worker::on_worker_of(self.shared.id()) {
             return; // dropped inside one of our own tasks: the workers finish on their own
         }
         // After shutdown_now and a bounded wait that gave up, nothing queued is left: the threads
         // still alive are inside a task. Detach them rather than wait without bound.
-        let detach =
-            self.gave_up.load(Ordering::Acquire) && self.shared.stop.load(Ordering::Acquire);
+        let detach = self.gave_up.load(Ordering::Acquire) && self.shared.lifecycle().is_stopped();
         if detach {
             crate::supervisor::stop(&self.shared);
         }
         loop {
-            let handles: Vec<_> = lock(&self.shared.threads).drain(..).collect();
+            let handles: Vec<_> = self.shared.lifecycle().take_threads();
             if handles.is_empty() {
                 break;
             }

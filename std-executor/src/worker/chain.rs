@@ -43,7 +43,7 @@ where
         let entry = unsafe { entry_ptr.as_ref() };
         let ks = entry.value();
         let chain = &ks.chain;
-        let budget = self.shared.config.fairness_budget;
+        let budget = self.shared.config().fairness_budget;
         let mut ran = 0;
         // Backs off on failed releases in a row with nothing to pop (see below).
         let stall = crossbeam_utils::Backoff::new();
@@ -115,7 +115,7 @@ where
                 // drains the queues; a worker not stopped yet may still run the chain.
                 // SAFETY: we own the chain, and `task` is the node we popped last.
                 unsafe { chain.unpop(task.into_raw()) };
-                self.shared.global.push(Runnable::Chain(entry_ptr));
+                self.shared.global().push(Runnable::Chain(entry_ptr));
                 return After::Exit;
             }
             self.release_capacity();
@@ -127,7 +127,7 @@ where
                 AfterTask::Stolen => return After::Exit, // the chain is not ours any more
                 AfterTask::HandBack => {
                     // STOP without STOLEN: the chain is still ours; as above.
-                    self.shared.global.push(Runnable::Chain(entry_ptr));
+                    self.shared.global().push(Runnable::Chain(entry_ptr));
                     return After::Exit;
                 }
             }

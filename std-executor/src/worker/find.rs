@@ -79,9 +79,9 @@ where
     /// only after its nap (rayon's rule, the half that follows finding work).
     pub(super) fn acquire_lane(&mut self) -> Option<usize> {
         let sh = self.shared;
-        let l = sh.lanes.acquire_free(self.index, self.home, self.turn)?;
-        if sh.sleep.has_sleepers() && sh.lanes.free_work_except(l) {
-            sh.sleep.wake_one();
+        let l = sh.lanes().acquire_free(self.index, self.home, self.turn)?;
+        if sh.sleep().has_sleepers() && sh.lanes().free_work_except(l) {
+            sh.sleep().wake_one();
         }
         Some(l)
     }
@@ -89,7 +89,7 @@ where
     pub(super) fn find_runnable(&mut self) -> Option<Runnable<K>> {
         self.tick = self.tick.wrapping_add(1);
         let deque = &self.owned.as_ref()?.deque;
-        let global = &self.shared.global;
+        let global = &self.shared.global();
         let from_global =
             || steal_into(|| global.steal_batch_with_limit_and_pop(deque, GLOBAL_BATCH));
         let found = if self.tick % GLOBAL_INTERVAL == 0 {
@@ -103,9 +103,9 @@ where
             }
         }
         let found = found.or_else(from_global).or_else(|| {
-            let n = self.shared.slots.len();
+            let n = self.shared.slots().len();
             (1..n).find_map(|k| {
-                let other = &self.shared.slots[(self.index + k) % n];
+                let other = &self.shared.slots()[(self.index + k) % n];
                 steal_into(|| other.stealer.steal_batch_and_pop(deque))
             })
         });
@@ -127,7 +127,7 @@ fn from_stuck_sibling<K>(
     deque: &Worker<Runnable<K>>,
 ) -> Option<Runnable<K>> {
     let mut found = None;
-    for (i, other) in shared.slots.iter().enumerate() {
+    for (i, other) in shared.slots().iter().enumerate() {
         let started = other.counters.started.load(Ordering::Relaxed);
         let stuck = started == std::mem::replace(&mut seen[i], started)
             && i != index

@@ -10,7 +10,6 @@
 use super::WorkerLoop;
 use crate::lane_task::Item;
 use crate::pending::PendingTask;
-use crate::sync::lock;
 use crate::task::TaskRef;
 
 impl<K> WorkerLoop<'_, K>
@@ -26,7 +25,7 @@ where
     /// route, put back where it was: after the deferred items (popped before it; a deferral of
     /// its own key holds that key's earlier items) and before the queued ones.
     pub(super) fn hand_back_lane_with(&self, l: usize, held: Option<Item<K>>) {
-        let lane = self.shared.lanes.get(l);
+        let lane = self.shared.lanes().get(l);
         let mut items = lane.deferrals.take_all();
         items.extend(held);
         let mut back: Vec<_> = items.into_iter().map(pending).collect();
@@ -36,18 +35,20 @@ where
         while let Some((key, task)) = unsafe { lane.pop_unhashed() } {
             back.push(PendingTask::new(Some(key), task.into_task()));
         }
-        lock(&self.shared.handback_lanes).append(&mut back);
+        self.shared.lifecycle().hand_back_lane_items(&mut back);
         lane.word.release(self.index);
     }
 
     pub(super) fn hand_back_items(&self, items: Vec<Item<K>>) {
         let mut back: Vec<_> = items.into_iter().map(pending).collect();
-        lock(&self.shared.handback_lanes).append(&mut back);
+        self.shared.lifecycle().hand_back_lane_items(&mut back);
     }
 
     /// Hands an unkeyed task back for `shutdown_now`.
     pub(super) fn hand_back(&self, task: TaskRef) {
-        lock(&self.shared.handback).push(PendingTask::new(None, task));
+        self.shared
+            .lifecycle()
+            .hand_back(PendingTask::new(None, task));
     }
 }
 

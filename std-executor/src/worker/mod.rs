@@ -63,31 +63,29 @@ pub(crate) fn spawn<K>(shared: &Arc<Shared<K>>, index: usize) -> std::io::Result
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
-    let owned = lock(&shared.slots[index].local)
+    let owned = lock(&shared.slots()[index].local)
         .take()
         .expect("a free slot has its deque");
-    shared.slots[index].alive.store(true, Ordering::Release);
-    shared.live_workers.fetch_add(1, Ordering::AcqRel);
-    shared.sleep.start_searching();
+    shared.slots()[index].alive.store(true, Ordering::Release);
+    shared.lifecycle().worker_started();
+    shared.sleep().start_searching();
     let s = shared.clone();
-    let name = format!("{}-{}", shared.config.thread_name, index);
+    let name = format!("{}-{}", shared.config().thread_name, index);
     let result = std::thread::Builder::new()
         .name(name)
         .spawn(move || WorkerLoop::new(&s, index, owned).run());
     match result {
         Ok(handle) => {
-            let mut threads = lock(&shared.threads);
-            threads.retain(|h| !h.is_finished());
-            threads.push(handle);
+            shared.lifecycle().add_thread(handle);
             Ok(())
         }
         Err(e) => {
-            shared.slots[index].alive.store(false, Ordering::Release);
-            shared.live_workers.fetch_sub(1, Ordering::AcqRel);
+            shared.slots()[index].alive.store(false, Ordering::Release);
+            shared.lifecycle().worker_ended();
             // This worker was counted as searching, so a submit meanwhile may have stamped
             // nothing: hand its work on as an exiting worker does.
-            shared.sleep.stop_searching();
-            if shared.sleep.unattended(|| shared.has_visible_work()) {
+            shared.sleep().stop_searching();
+            if shared.sleep().unattended(|| shared.has_visible_work()) {
                 shared.starving();
             }
             Err(e)
@@ -149,19 +147,19 @@ where
     fn new(shared: &'a Arc<Shared<K>>, index: usize, owned: Owned<K>) -> Self {
         WorkerLoop {
             shared,
-            slot: &shared.slots[index],
+            slot: &shared.slots()[index],
             index,
             owned: Some(owned),
             idle: IdleKeys::new(),
             searching: true,
-            home: (index < shared.config.workers).then_some((index, shared.config.workers)),
+            home: (index < shared.config().workers).then_some((index, shared.config().workers)),
             turn: 0,
-            watched: vec![None; shared.lanes.len()],
-            seen_free: vec![false; shared.lanes.len()],
+            watched: vec![None; shared.lanes().len()],
+            seen_free: vec![false; shared.lanes().len()],
             watched_at: std::time::Instant::now(),
             tick: 0,
             now: shared.now_ms(),
-            seen: vec![0; shared.slots.len()],
+            seen: vec![0; shared.slots().len()],
         }
     }
 
@@ -175,7 +173,7 @@ where
 
     fn run(mut self) {
         let deque_ptr = self.deque() as *const Worker<Runnable<K>> as *const ();
-        CURRENT.with(|c| c.set((self.shared.id, self.index, deque_ptr)));
+        CURRENT.with(|c| c.set((self.shared.id(), self.index, deque_ptr)));
         self.main_loop();
         CURRENT.with(|c| c.set((0, 0, std::ptr::null())));
         self.exit();
@@ -217,7 +215,7 @@ where
             self.reap_idle(false);
             // The snapshot comes before the last checks (shutdown and every queue): whatever
             // changes after it bumps EVENTS, and then try_sleep refuses (sleep.rs).
-            let snapshot = self.shared.sleep.snapshot();
+            let snapshot = self.shared.sleep().snapshot();
             if self.should_exit_on_shutdown() {
                 return;
             }
@@ -239,7 +237,7 @@ where
             }
             if !self
                 .shared
-                .sleep
+                .sleep()
                 .try_sleep(self.index, snapshot, self.searching)
             {
                 continue;
@@ -250,12 +248,12 @@ where
             crate::nodes::flush();
             let timeout = self.park_timeout(idle_since);
             self.park(timeout);
-            self.shared.sleep.woke(self.index);
+            self.shared.sleep().woke(self.index);
             self.searching = true;
             self.now = self.shared.now_ms();
             self.reap_idle(false);
-            if self.index >= self.shared.config.workers {
-                let keep = self.shared.config.worker_keep_alive.as_millis() as u64;
+            if self.index >= self.shared.config().workers {
+                let keep = self.shared.config().worker_keep_alive.as_millis() as u64;
                 if self.now.saturating_sub(idle_since) >= keep
                     && self.idle.is_empty()
                     && !self.shared.has_visible_work()
@@ -268,10 +266,10 @@ where
 
     fn found(&mut self, w: Work<K>) -> After {
         if std::mem::take(&mut self.searching)
-            && self.shared.sleep.stop_searching()
+            && self.shared.sleep().stop_searching()
             && self
                 .shared
-                .sleep
+                .sleep()
                 .unattended(|| self.shared.has_visible_work())
         {
             // The last searcher found work and more is waiting (perhaps pushed while we were
@@ -300,9 +298,7 @@ where
     }
 
     fn release_capacity(&self) {
-        if let Some(c) = &self.shared.capacity {
-            c.release();
-        }
+        self.shared.release_slot();
     }
 
     fn finish_task(&self, panicked: bool) {
@@ -320,7 +316,7 @@ where
 
     fn reap_idle(&mut self, all: bool) {
         if self.index == 0 {
-            self.idle.adopt(lock(&self.shared.orphans).drain(..));
+            self.idle.adopt(self.shared.lifecycle().adopt_orphans());
         }
         self.idle.reap(self.shared, self.now, all);
     }
@@ -331,7 +327,7 @@ where
     }
 
     fn exit(mut self) {
-        if self.shared.shutdown.load(Ordering::Acquire) {
+        if self.shared.lifecycle().is_shutdown() {
             // Shutting down: release every idle key now rather than at the serializer's drop,
             // so `stats().active_keys` and memory reflect it after termination.
             self.now = self.shared.now_ms();
@@ -339,7 +335,7 @@ where
         }
         self.flush_garbage();
         if self.searching {
-            self.shared.sleep.stop_searching();
+            self.shared.sleep().stop_searching();
             self.searching = false;
         }
         if !self.idle.is_empty() {
@@ -349,7 +345,7 @@ where
                 self.idle.forget();
             } else {
                 let items = self.idle.take_items();
-                lock(&self.shared.orphans).extend(items);
+                self.shared.lifecycle().orphan(items);
             }
         }
         // Elastic slots are reused: give the deque and parker back.
@@ -358,7 +354,7 @@ where
         // Work that came while we left: wake a sleeper for it, or, if nobody is idle, start the
         // elastic clock (a submit that saw us still searching stamped nothing).
         let sh = self.shared;
-        if !sh.stop.load(Ordering::Acquire) && sh.sleep.unattended(|| sh.has_visible_work()) {
+        if !sh.lifecycle().is_stopped() && sh.sleep().unattended(|| sh.has_visible_work()) {
             sh.starving();
         }
         self.shared.worker_exited();

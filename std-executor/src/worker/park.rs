@@ -38,7 +38,7 @@ where
     /// owner, who may get stuck in a task (see "Waking for a push" in `lanes.rs`).
     pub(super) fn park(&self, timeout: Duration) {
         let parker = &self.owned.as_ref().expect("parker").parker;
-        let lanes = &self.shared.lanes;
+        let lanes = &self.shared.lanes();
         // Registered as asleep (`try_sleep`): look for a free lane with items once more. A
         // submitter that saw nobody asleep woke nobody (lanes.rs, "Waking for a push"): either
         // it sees this registration or this look sees its item.
@@ -67,11 +67,11 @@ where
         if let Some(deadline) = self.idle.next_deadline() {
             ms = ms.min(deadline.saturating_sub(self.now).max(1));
         }
-        if self.index >= self.shared.config.workers {
-            let keep = self.shared.config.worker_keep_alive.as_millis() as u64;
+        if self.index >= self.shared.config().workers {
+            let keep = self.shared.config().worker_keep_alive.as_millis() as u64;
             ms = ms.min((idle_since + keep).saturating_sub(self.now).max(1));
         }
-        if self.shared.shutdown.load(Ordering::Acquire) {
+        if self.shared.lifecycle().is_shutdown() {
             ms = ms.min(10);
         }
         Duration::from_millis(ms)
@@ -79,16 +79,16 @@ where
 
     pub(super) fn should_exit_on_shutdown(&self) -> bool {
         let sh = self.shared;
-        if sh.stop.load(Ordering::Acquire) {
+        if sh.lifecycle().is_stopped() {
             return true;
         }
-        if sh.shutdown.load(Ordering::Acquire)
-            && sh.lanes.is_closed()
-            && sh.gate.in_flight() == 0
+        if sh.lifecycle().is_shutdown()
+            && sh.lanes().is_closed()
+            && sh.gate().in_flight() == 0
             && sh.outstanding() == 0
             && !sh.has_visible_work()
         {
-            sh.sleep.wake_all();
+            sh.sleep().wake_all();
             return true;
         }
         false

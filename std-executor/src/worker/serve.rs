@@ -93,8 +93,8 @@ where
     /// directly without routing run under one `RUNNING` section (see "Runs of direct tasks").
     pub(super) fn serve(&mut self, l: usize) -> After {
         let sh = self.shared;
-        let lane = sh.lanes.get(l);
-        let fair = sh.config.fairness_budget;
+        let lane = sh.lanes().get(l);
+        let fair = sh.config().fairness_budget;
         let budget = fair.saturating_mul(4);
         // Routing an item onto a chain is a push, far cheaper than a task, but not free: a
         // lane fed as fast as its owner routes must still let the owner go (to run the chains
@@ -155,7 +155,7 @@ where
                 shed = few_keys
                     && self.sibling_idle()
                     && lane.len() >= budget
-                    && !sh.lanes.free_work_except(l);
+                    && !sh.lanes().free_work_except(l);
             }
             let next_streak = if streak.0 == hash {
                 (hash, streak.1 + 1)
@@ -220,7 +220,7 @@ where
     /// load per sibling (see "Sharing a lane with an idle worker").
     pub(super) fn sibling_idle(&self) -> bool {
         let sh = self.shared;
-        sh.slots[..sh.config.workers]
+        sh.slots()[..sh.config().workers]
             .iter()
             .enumerate()
             .any(|(i, s)| i != self.index && s.phase.is_idle())
@@ -231,7 +231,7 @@ where
     /// (`route.rs` would send it `Direct` without touching anything).
     #[inline]
     pub(super) fn runs_directly(&self, l: usize, item: &Item<K>) -> bool {
-        let lanes = &self.shared.lanes;
+        let lanes = &self.shared.lanes();
         lanes.get(l).deferrals.passes(item.hash)
             && item.task.kind() == Kind::Plain
             && !lanes.tracked.any(l, item.hash)
@@ -255,7 +255,7 @@ where
     #[inline(always)]
     pub(super) fn run_in_run(&mut self, l: usize, item: Item<K>, hash: u64) -> Direct {
         let sh = self.shared;
-        let word = &sh.lanes.get(l).word;
+        let word = &sh.lanes().get(l).word;
         let Item { key, task, .. } = item;
         #[cfg(debug_assertions)]
         self.slot
@@ -265,7 +265,7 @@ where
         self.bump(|c| &c.started);
         let run = word.begin(self.index, hash as usize);
         task.run(&|panicked| self.finish_task(panicked));
-        let ended = word.end(run, &sh.mailboxes[self.index]);
+        let ended = word.end(run, sh.mailbox(self.index).expect("a worker has a mailbox"));
         #[cfg(debug_assertions)]
         self.slot.direct_key.store(0, Ordering::Relaxed);
         crate::user::drop_quietly(key);
@@ -303,12 +303,12 @@ where
             .store(&key as *const K as usize, Ordering::Relaxed);
         self.release_capacity();
         self.bump(|c| &c.started);
-        let word = lane.map(|l| &sh.lanes.get(l).word);
+        let word = lane.map(|l| &sh.lanes().get(l).word);
         let run = word.map(|w| w.begin(self.index, hash as usize));
         task.run(&|panicked| self.finish_task(panicked));
         let ended = word
             .zip(run)
-            .map(|(w, run)| w.end(run, &sh.mailboxes[self.index]));
+            .map(|(w, run)| w.end(run, sh.mailbox(self.index).expect("a worker has a mailbox")));
         #[cfg(debug_assertions)]
         self.slot.direct_key.store(0, Ordering::Relaxed);
         crate::user::drop_quietly(key);

@@ -24,7 +24,7 @@ where
             return None;
         }
         self.watched_at = now;
-        let lanes = &self.shared.lanes;
+        let lanes = &self.shared.lanes();
         let mut found = None;
         for l in 0..lanes.len() {
             let prev = self.watched[l].take();
@@ -57,8 +57,8 @@ where
     /// Takes lane `l` from the owner `w` saw inside a task, deferring that task's key.
     pub(super) fn try_steal_lane(&self, l: usize, w: &Watch) -> bool {
         let sh = self.shared;
-        let lane = sh.lanes.get(l);
-        let Some(victim) = sh.mailboxes.get(w.owner()) else {
+        let lane = sh.lanes().get(l);
+        let Some(victim) = sh.mailbox(w.owner()) else {
             return false; // shutdown_now's
         };
         if w.owner() == self.index || !lane.word.is_still(w) {
