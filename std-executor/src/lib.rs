@@ -170,6 +170,8 @@ mod lane_task;
 mod lanes;
 mod latest_cells;
 mod lifecycle;
+#[cfg(loom)]
+mod loom_fifo;
 mod nodes;
 mod pending;
 mod permit_wait;

@@ -4,9 +4,10 @@
 //! # States
 //!
 //! ```text
-//!  bits 0..2  IDLE (0)    the worker holds no chain
-//!             BUSY (1)    searching, or holding a chain between tasks (touching its queue)
-//!             RUNNING (2) inside a user task; the chain's queue is untouched and may be taken
+//!  bits 0..2  IDLE (0)    the worker holds nothing (no chain, no lane, no deferral)
+//!             BUSY (1)    searching, or holding a chain, a lane or a deferral between tasks
+//!             RUNNING (2) inside a user task (or a run of lane tasks, below); the chain's
+//!                         queue is untouched and may be taken
 //!  bit 2      STOLEN      shutdown_now took the chain while the worker was RUNNING
 //!  bit 3      STOP        shutdown_now was called
 //! ```
@@ -37,7 +38,8 @@
 //! A worker that runs several tasks in a row straight from a lane it owns (`worker/serve.rs`, "Runs
 //! of direct tasks") enters `RUNNING` once for the run, not once per task, and between two tasks
 //! of the run does only this: loads the word ([`Phase::stop_requested`]), pops its own lane and
-//! moves that lane's word (`core::lane`: `begin`, `end`). It touches no chain, ready queue or
+//! moves that lane's word (`core::lane`: `begin`, `end`); a popped item whose key's `Hash`
+//! panicked is failed there too (its handle resolves, nothing else moves). It touches no chain, ready queue or
 //! deferral while `RUNNING`, and keeps `current` at 0, so what `shutdown_now` may take from a
 //! `RUNNING` worker is unchanged: nothing of a chain. The lane is taken through its own word,
 //! which `shutdown_now` acquires once the owner releases it or steals while the owner is inside

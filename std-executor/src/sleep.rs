@@ -36,6 +36,13 @@
 //! sleeper's CAS comes first, the notify sees `SLEEPERS > 0` and wakes someone (the registry and the
 //! count agree under the lock). There is no store-then-load pattern, so loom can check it.
 //! The unparker remembers an unpark that arrives before the park (crossbeam's `Parker`).
+//!
+//! **Lane pushes skip `notify`.** This argument covers work made runnable on the ready queues
+//! (chains, unkeyed tasks), each followed by `notify`. A keyed submission pushed onto a lane does
+//! not call `notify` unconditionally: it reads this word once and wakes a sleeper only when the
+//! lane is `FREE` (or a deep sleeper waits), and a worker about to sleep looks at every lane
+//! after registering. That pairing is a store-then-load one (`SeqCst` on both sides); its
+//! argument, and its loom model, are in `lanes.rs` ("Waking for a push").
 //! EVENTS wraps after 2^32 notifications; a stale snapshot would then have to match by chance while
 //! a worker is between its snapshot and its CAS, which we accept.
 
