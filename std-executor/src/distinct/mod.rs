@@ -52,6 +52,12 @@
 //! queue is empty. Batches in progress can still be completed or failed; failed items go back and
 //! can still be taken.
 
+mod batch;
+mod take;
+
+pub use batch::Batch;
+pub use take::Take;
+
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -546,186 +552,6 @@ impl<T> fmt::Debug for DistinctQueue<T> {
                 &(st.members.len().saturating_sub(st.queue.len())),
             )
             .field("closed", &st.closed)
-            .finish()
-    }
-}
-
-/// Items taken from a [`DistinctQueue`], in queue order (it dereferences to `[T]`). Call
-/// [`complete`](Self::complete) when they are done; [`fail`](Self::fail) — or just dropping the
-/// batch, also while unwinding from a panic — puts them back at their original queue positions.
-///
-/// ```
-/// use keyserial::DistinctQueue;
-///
-/// let q = DistinctQueue::new();
-/// q.add_all([1, 2, 3]);
-/// let batch = q.take(2).unwrap();
-/// assert_eq!(batch.len(), 2);
-/// assert_eq!(batch.iter().sum::<i32>(), 3);
-/// q.add(4);
-/// batch.fail();
-/// assert_eq!(q.queued(), vec![1, 2, 3, 4]);
-/// ```
-pub struct Batch<T: Hash + Eq + Clone + Send + 'static> {
-    queue: DistinctQueue<T>,
-    /// Empty once completed or failed (a live batch holds at least one item).
-    items: Vec<T>,
-}
-
-impl<T: Hash + Eq + Clone + Send + 'static> Batch<T> {
-    fn new(queue: DistinctQueue<T>, items: Vec<T>) -> Self {
-        Batch { queue, items }
-    }
-
-    /// The items are done: they leave the queue for good (equal items may be added again).
-    ///
-    /// ```
-    /// use keyserial::DistinctQueue;
-    ///
-    /// let q = DistinctQueue::new();
-    /// q.add(1);
-    /// q.take(1).unwrap().complete();
-    /// assert!(q.is_empty() && q.in_progress().is_empty());
-    /// assert!(q.add(1));
-    /// ```
-    pub fn complete(mut self) {
-        let items = std::mem::take(&mut self.items);
-        self.queue.complete_items(items);
-    }
-
-    /// The items were not done: they go back to their original queue positions (ahead of items
-    /// added after them), to be taken again. The same as dropping the batch.
-    ///
-    /// ```
-    /// use keyserial::DistinctQueue;
-    ///
-    /// let q = DistinctQueue::new();
-    /// q.add_all([1, 2]);
-    /// let b = q.take(1).unwrap();
-    /// b.fail();
-    /// assert_eq!(q.queued(), vec![1, 2]);
-    /// ```
-    pub fn fail(mut self) {
-        let items = std::mem::take(&mut self.items);
-        self.queue.fail_items(items);
-    }
-}
-
-impl<T: Hash + Eq + Clone + Send + 'static> Deref for Batch<T> {
-    type Target = [T];
-
-    fn deref(&self) -> &[T] {
-        &self.items
-    }
-}
-
-impl<T: Hash + Eq + Clone + Send + 'static> Drop for Batch<T> {
-    fn drop(&mut self) {
-        if !self.items.is_empty() {
-            let items = std::mem::take(&mut self.items);
-            self.queue.fail_items(items);
-        }
-    }
-}
-
-impl<T: Hash + Eq + Clone + Send + 'static + fmt::Debug> fmt::Debug for Batch<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Batch").field(&self.items).finish()
-    }
-}
-
-/// The future of [`DistinctQueue::take_async`]: resolves to a batch, or to `None` once the queue
-/// is closed and empty. Dropping it while it waits gives up its place; a wakeup it had received
-/// goes to another taker. Polling it again after it resolved panics.
-///
-/// ```
-/// use keyserial::DistinctQueue;
-/// use std::future::Future;
-/// use std::pin::pin;
-/// use std::sync::Arc;
-/// use std::task::{Context, Poll, Wake, Waker};
-///
-/// struct Noop;
-/// impl Wake for Noop {
-///     fn wake(self: Arc<Self>) {}
-/// }
-/// let waker = Waker::from(Arc::new(Noop));
-/// let mut cx = Context::from_waker(&waker);
-///
-/// let q: DistinctQueue<u8> = DistinctQueue::new();
-/// q.close();
-/// assert!(matches!(pin!(q.take_async(1)).poll(&mut cx), Poll::Ready(None)));
-/// ```
-#[must_use = "futures do nothing unless polled"]
-pub struct Take<T: Hash + Eq + Clone + Send + 'static> {
-    queue: DistinctQueue<T>,
-    max: usize,
-    /// Our registration number once we had to wait (kept to keep our place).
-    id: Option<u64>,
-    done: bool,
-}
-
-impl<T: Hash + Eq + Clone + Send + 'static> Future for Take<T> {
-    type Output = Option<Batch<T>>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        assert!(!this.done, "`Take` polled after completion");
-        let waker = cx.waker().clone();
-        let mut wakes = Vec::new();
-        let mut st = this.queue.state();
-        if let Some(items) = st.take_now(this.max) {
-            let old = this.id.take().and_then(|id| st.takers.remove(&id));
-            st.after_take(&mut wakes);
-            drop(st);
-            drop(old);
-            drop(waker);
-            wake_all(wakes);
-            this.done = true;
-            return Poll::Ready(Some(Batch::new(this.queue.clone(), items)));
-        }
-        if st.closed {
-            let old = this.id.take().and_then(|id| st.takers.remove(&id));
-            drop(st);
-            drop(old);
-            drop(waker);
-            this.done = true;
-            return Poll::Ready(None);
-        }
-        let id = match this.id {
-            Some(id) => id,
-            None => *this.id.insert(st.taker_id()),
-        };
-        let old = st.takers.insert(id, Wakeup::Task(waker));
-        drop(st);
-        drop(old);
-        Poll::Pending
-    }
-}
-
-impl<T: Hash + Eq + Clone + Send + 'static> Drop for Take<T> {
-    fn drop(&mut self) {
-        let Some(id) = self.id else { return };
-        let mut wakes = Vec::new();
-        let old = {
-            let mut st = self.queue.state();
-            let old = st.takers.remove(&id);
-            if old.is_none() {
-                // We were notified but will never look: pass the wakeup on.
-                st.after_take(&mut wakes);
-            }
-            old
-        };
-        drop(old);
-        wake_all(wakes);
-    }
-}
-
-impl<T: Hash + Eq + Clone + Send + 'static> fmt::Debug for Take<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Take")
-            .field("max", &self.max)
-            .field("waiting", &self.id.is_some())
             .finish()
     }
 }
