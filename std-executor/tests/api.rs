@@ -7,28 +7,8 @@ use std::time::{Duration, Instant};
 
 use keyserial::{Builder, Serializer};
 
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        thread::sleep(Duration::from_millis(1));
-    }
-    f()
-}
-
-/// Occupies a worker with a task of `key` until the returned sender is used or dropped.
-fn block_worker(s: &Serializer<u32>, key: u32) -> mpsc::Sender<()> {
-    let (tx, rx) = mpsc::channel::<()>();
-    let before = s.stats().running;
-    s.execute(key, move || {
-        let _ = rx.recv();
-    })
-    .unwrap();
-    assert!(wait_until(Duration::from_secs(5), || s.stats().running > before));
-    tx
-}
+mod common;
+use common::{block_worker, wait_until};
 
 #[test]
 fn await_termination_with_duration_max_waits_without_bound() {

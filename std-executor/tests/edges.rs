@@ -14,9 +14,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, Once};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use keyserial::{Builder, RejectReason, Semaphore, Serializer, TaskError, TaskHandle};
+
+mod common;
+use common::wait_until;
 
 /// How long a scenario may take before it counts as hung.
 const LIMIT: Duration = Duration::from_secs(20);
@@ -87,17 +90,6 @@ fn bounded(what: &str, limit: Duration, scenario: impl FnOnce(&Progress) + Send 
             panic!("{what}: the scenario thread vanished without a result")
         }
     }
-}
-
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        thread::sleep(Duration::from_millis(1));
-    }
-    f()
 }
 
 /// A thread name prefix no other serializer of this process uses.

@@ -22,10 +22,13 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, Once};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use keyserial::{Builder, PendingTask, RejectReason, Semaphore, Serializer, TaskError, TaskHandle};
 use proptest::prelude::*;
+
+mod common;
+use common::wait_until;
 
 /// How long one case may take before it counts as hung.
 const LIMIT: Duration = Duration::from_secs(10);
@@ -102,17 +105,6 @@ fn bounded(limit: Duration, scenario: impl FnOnce(&Progress) + Send + 'static) {
         ),
         Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the case's thread vanished"),
     }
-}
-
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        thread::sleep(Duration::from_millis(1));
-    }
-    f()
 }
 
 fn unique_name() -> String {

@@ -3,31 +3,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use keyserial::{Builder, RejectReason, Semaphore, Serializer, TaskError};
+use keyserial::{Builder, RejectReason, Semaphore, TaskError};
 
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    f()
-}
-
-/// Occupies the (single) worker until the returned sender is used or dropped.
-fn block_worker(s: &Serializer<u32>, key: u32) -> mpsc::Sender<()> {
-    let (tx, rx) = mpsc::channel::<()>();
-    s.execute(key, move || {
-        let _ = rx.recv();
-    })
-    .unwrap();
-    assert!(wait_until(Duration::from_secs(5), || s.stats().running == 1));
-    tx
-}
+mod common;
+use common::{block_worker, wait_until};
 
 #[test]
 fn bad_configuration_is_a_build_error() {

@@ -6,6 +6,9 @@ use std::time::{Duration, Instant};
 
 use keyserial::{Builder, Serializer};
 
+mod common;
+use common::wait_until;
+
 /// Per key: the next expected sequence number and a "running" flag. A task checks that it is the
 /// next one of its key and that no other task of its key is running.
 struct Checker {
@@ -39,17 +42,6 @@ impl Checker {
             c.ran.fetch_add(1, Ordering::Relaxed);
         }
     }
-}
-
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    f()
 }
 
 #[test]

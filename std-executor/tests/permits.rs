@@ -2,20 +2,12 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use keyserial::{Builder, RejectReason, Semaphore, TaskError};
 
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    f()
-}
+mod common;
+use common::wait_until;
 
 #[test]
 fn a_waiting_key_parks_without_blocking_the_only_worker() {

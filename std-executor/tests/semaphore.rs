@@ -14,16 +14,8 @@ use std::task::Wake;
 
 use keyserial::Permit;
 
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        thread::sleep(Duration::from_millis(1));
-    }
-    f()
-}
+mod common;
+use common::wait_until;
 
 /// Queues an `acquire_with` of `n` that records `tag` in `log` when granted; keeps the permit.
 fn queue(

@@ -28,9 +28,12 @@
 use std::panic::{panic_any, take_hook};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use keyserial::{Builder, PendingTask, RejectReason, Serializer, TaskError, TaskHandle};
+
+mod common;
+use common::wait_until;
 
 /// Deadline for every wait: far above what any of these runs needs, even in debug builds on a
 /// loaded machine (and under Miri).
@@ -61,17 +64,6 @@ fn env_or(name: &str, default: usize) -> usize {
             .unwrap_or_else(|_| panic!("{name}={v} is not a number")),
         Err(_) => default,
     }
-}
-
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    f()
 }
 
 /// xorshift64: deterministic per producer, no dependency.
