@@ -254,27 +254,12 @@ where
     /// run open unless the lane was taken while the task ran.
     #[inline(always)]
     pub(super) fn run_in_run(&mut self, l: usize, item: Item<K>, hash: u64) -> Direct {
-        let sh = self.shared;
-        let word = &sh.lanes().get(l).word;
-        let Item { key, task, .. } = item;
-        #[cfg(debug_assertions)]
-        self.slot
-            .direct_key
-            .store(&key as *const K as usize, Ordering::Relaxed);
-        self.release_capacity();
-        self.bump(|c| &c.started);
-        let run = word.begin(self.index, hash as usize);
-        task.run(&|panicked| self.finish_task(panicked));
-        let ended = word.end(run, sh.mailbox(self.index).expect("a worker has a mailbox"));
-        #[cfg(debug_assertions)]
-        self.slot.direct_key.store(0, Ordering::Relaxed);
-        crate::user::drop_quietly(key);
-        match ended {
-            Ended::Kept => Direct::Continue,
-            Ended::Stolen(p) => {
+        match self.run_item(Some(l), item, hash) {
+            Some(Ended::Stolen(p)) => {
                 let after = self.slot.phase.leave_running();
                 self.after_steal(p, after)
             }
+            _ => Direct::Continue,
         }
     }
 
@@ -292,11 +277,38 @@ where
         self.run_entered(lane, item, hash)
     }
 
-    /// `run_direct` once the slot is `RUNNING` (`enter_running` succeeded).
+    /// `run_direct` once the slot is `RUNNING` (`enter_running` succeeded): runs the task and
+    /// leaves `RUNNING`.
     pub(super) fn run_entered(&mut self, lane: Option<usize>, item: Item<K>, hash: u64) -> Direct {
+        let ended = self.run_item(lane, item, hash);
+        let after = self.slot.phase.leave_running();
+        match ended {
+            Some(Ended::Stolen(p)) => self.after_steal(p, after),
+            Some(Ended::Kept) if after != AfterTask::Continue => {
+                self.hand_back_lane(lane.expect("a lane run"));
+                Direct::Exit
+            }
+            _ if after != AfterTask::Continue => Direct::Exit,
+            _ => Direct::Continue,
+        }
+    }
+
+    /// The one run function of a task taken from a lane (`lane`, which this worker owns) or a
+    /// deferral (`None`), with the slot `RUNNING`: gives back its capacity slot, counts it
+    /// started, moves the lane's word into the task (`begin`: a thief may take the lane while
+    /// it runs) and out of it (`end`), runs it (its handle resolves after the counters), and
+    /// drops the key. Returns how the lane's word ended (`None` without a lane).
+    #[inline(always)]
+    fn run_item(
+        &mut self,
+        lane: Option<usize>,
+        item: Item<K>,
+        hash: u64,
+    ) -> Option<Ended<Deferral<K>>> {
         let sh = self.shared;
         let Item { key, task, .. } = item;
-        // `key` stays here, unmoved, until it is dropped after the task.
+        // `key` stays here, unmoved, until it is dropped after the task (the debug build's
+        // self-wait check reads it through `direct_key`).
         #[cfg(debug_assertions)]
         self.slot
             .direct_key
@@ -312,16 +324,7 @@ where
         #[cfg(debug_assertions)]
         self.slot.direct_key.store(0, Ordering::Relaxed);
         crate::user::drop_quietly(key);
-        let after = self.slot.phase.leave_running();
-        match ended {
-            Some(Ended::Stolen(p)) => self.after_steal(p, after),
-            Some(Ended::Kept) if after != AfterTask::Continue => {
-                self.hand_back_lane(lane.expect("a lane run"));
-                Direct::Exit
-            }
-            _ if after != AfterTask::Continue => Direct::Exit,
-            _ => Direct::Continue,
-        }
+        ended
     }
 
     /// The lane was taken while a task ran (`p`: what the thief offered) and the slot has left
