@@ -5,11 +5,9 @@
 //! the concrete type (dropped, threads joined, when the visit returns).
 
 use crate::exec::KeyedExecutor;
-use crate::fifo_tickets::FifoTickets;
 use crate::inline::Inline;
 use crate::keyserial_exec::KeyserialExec;
 use crate::lanes::Lanes;
-use crate::steal_lanes::StealLanes;
 use crate::striped::Striped;
 use crate::thread_per_key::ThreadPerKey;
 use crate::tokio_actor::TokioActor;
@@ -18,9 +16,6 @@ use crate::workloads::Workload;
 
 /// The queue bound of the `keyserial_bounded` row.
 pub const BOUNDED_CAPACITY: usize = 16_384;
-
-/// Largest number of keys the `fifo_tickets` prototype is run with (it never frees a key).
-pub const PROTOTYPE_MAX_KEYS: usize = 100_000;
 
 /// Largest number of keys thread-per-key is run with (one OS thread each).
 pub const THREAD_PER_KEY_MAX: usize = 1_024;
@@ -55,12 +50,6 @@ pub enum Contender {
     TokioActor,
     /// A plain pool on one channel (not a serializer).
     Unordered,
-    /// A prototype of a proposed keyserial design (`fifo_tickets`): not a baseline, never in
-    /// keyserial's ratios nor the winner line; skipped where it would hold too many keys.
-    FifoTickets,
-    /// A prototype of a proposed keyserial design (`steal_lanes`): lanes whose stuck owner is
-    /// relieved by an idle worker; not a baseline, never in keyserial's ratios nor the winner line.
-    StealLanes,
 }
 
 impl Contender {
@@ -82,8 +71,6 @@ impl Contender {
             v.push(Contender::Keyserial);
             v.push(Contender::KeyserialBounded);
         }
-        v.push(Contender::FifoTickets);
-        v.push(Contender::StealLanes);
         v.extend(Self::BASELINES);
         v
     }
@@ -105,8 +92,6 @@ impl Contender {
             Contender::Striped => "striped",
             Contender::TokioActor => "tokio_actor",
             Contender::Unordered => "unordered",
-            Contender::FifoTickets => "fifo_tickets",
-            Contender::StealLanes => "steal_lanes",
         }
     }
 
@@ -114,12 +99,7 @@ impl Contender {
     pub fn from_id(id: &str) -> Option<Contender> {
         Self::BASELINES
             .into_iter()
-            .chain([
-                Contender::Keyserial,
-                Contender::KeyserialBounded,
-                Contender::FifoTickets,
-                Contender::StealLanes,
-            ])
+            .chain([Contender::Keyserial, Contender::KeyserialBounded])
             .find(|c| c.id() == id)
     }
 
@@ -143,20 +123,7 @@ impl Contender {
             Contender::Unordered => format!(
                 "{workers} workers on one crossbeam channel, no order (floor of a handoff)"
             ),
-            Contender::FifoTickets => format!(
-                "PROTOTYPE of a keyserial redesign: one global FIFO + per-key tickets, {workers} workers"
-            ),
-            Contender::StealLanes => format!(
-                "PROTOTYPE of a keyserial redesign: key hash onto {} lanes served by {workers} workers; an idle worker takes a lane whose owner is stuck in a task, deferring only that key",
-                2 * workers
-            ),
         }
-    }
-
-    /// Whether the row is a prototype of a proposed keyserial design (shown for comparison, kept
-    /// out of the winner line and of keyserial's ratios).
-    pub fn is_prototype(self) -> bool {
-        matches!(self, Contender::FifoTickets | Contender::StealLanes)
     }
 
     /// Whether the contender promises per-key order (the unordered pool does not).
@@ -192,10 +159,6 @@ impl Contender {
             Contender::KeyserialBounded if !matches!(w.group(), "W3" | "W5" | "W6") => {
                 Some("run on W3, W5 and W6 only".into())
             }
-            // The prototype never retires a key's state: many keys would only measure that.
-            Contender::FifoTickets if w.keys() > PROTOTYPE_MAX_KEYS => {
-                Some(format!("skipped (prototype keeps all {} keys)", w.keys()))
-            }
             _ => None,
         }
     }
@@ -213,8 +176,6 @@ impl Contender {
             Contender::Striped => v.visit(&Striped::new(workers)),
             Contender::TokioActor => v.visit(&TokioActor::new(workers)),
             Contender::Unordered => v.visit(&Unordered::new(workers)),
-            Contender::FifoTickets => v.visit(&FifoTickets::new(workers)),
-            Contender::StealLanes => v.visit(&StealLanes::new(workers, 2 * workers)),
         }
     }
 }

@@ -6,9 +6,6 @@
 //!   onto single-thread workers), [`striped`] (a global `Mutex<HashMap<K, VecDeque<Task>>>` and a
 //!   pool), [`tokio_actor`] (an actor per key), [`unordered`] (a plain pool: the floor of a handoff,
 //!   not a serializer).
-//! - Prototypes of proposed keyserial designs, shown beside the rows but never in the winner line
-//!   or keyserial's ratios: [`fifo_tickets`] (one global FIFO plus per-key tickets) and
-//!   [`steal_lanes`] (lanes whose stuck owner is relieved by an idle worker).
 //! - [`workloads`]: W1–W6, every task checked by the [`checker`] for per-key order and overlap.
 //! - [`rss`], [`work`]: the RSS sampler and task bodies the workloads use (W5's Zipf keys come
 //!   from `rand_distr`).
@@ -19,12 +16,10 @@
 pub mod checker;
 pub mod contenders;
 pub mod exec;
-pub mod fifo_tickets;
 pub mod inline;
 pub mod keyserial_exec;
 pub mod lanes;
 pub mod rss;
-pub mod steal_lanes;
 pub mod striped;
 pub mod thread_per_key;
 pub mod tokio_actor;

@@ -35,18 +35,10 @@ MODES:
 
 READING THE TABLES:
   Each workload gets one table per mode. The ratio column is row / keyserial on the table's first
-  metric. The last line names the winner (every row but inline, the work's own cost, and the
-  fifo_tickets and steal_lanes prototypes) and gives
+  metric. The last line names the winner (every row but inline, the work's own cost) and gives
   keyserial / the best ORDERED contender (thread_per_key, lanes, striped, tokio_actor; the
   unordered pool keeps no order): for throughput >= 1.00 is a win, for times <= 1.00 is. A summary
   of those ratios against issue 14's targets ends the run.
-
-  fifo_tickets is not a baseline: it is a prototype of a proposed keyserial design (tasks in one
-  global FIFO in submission order, per-key order by tickets; see BENCHMARKS.md). It is shown to
-  measure that design beside today's, and skipped above 100,000 keys (it never frees a key).
-  steal_lanes is another prototype: keys hashed onto lanes that any worker may serve, where an
-  idle worker takes a lane whose owner is stuck in one task and defers only that task's key
-  (keyserial_core::lane; see BENCHMARKS.md).
 
 Every keyed run is checked: per key, tasks must start in submission order and never overlap, and
 every submitted task must run. The program exits with status 1 if any ordered executor violated
@@ -359,7 +351,7 @@ impl Verdict {
                     _ => Some((c, m)),
                 })
         };
-        let winner = best(&|c| c != Contender::Inline && !c.is_prototype());
+        let winner = best(&|c| c != Contender::Inline);
         let best_ordered = best(&|c| c.is_ordered_baseline());
         let row_of = |c: Contender| {
             t.rows
@@ -1245,6 +1237,31 @@ mod tests {
             s.contains("w2_overhead") && s.contains("1.00x striped ok"),
             "{s}"
         );
+    }
+
+    #[test]
+    fn the_executors_are_the_rows_a_user_would_pick() {
+        let ids: Vec<&str> = Contender::all().iter().map(|c| c.id()).collect();
+        assert_eq!(
+            ids,
+            [
+                "keyserial",
+                "keyserial_bounded",
+                "inline",
+                "thread_per_key",
+                "lanes_1x",
+                "lanes_4x",
+                "striped",
+                "tokio_actor",
+                "unordered",
+            ]
+        );
+        for c in Contender::all() {
+            assert_eq!(Contender::from_id(c.id()), Some(c));
+        }
+        for gone in ["fifo_tickets", "steal_lanes"] {
+            assert!(Cli::try_parse_from(["compare", "--executor", gone]).is_err());
+        }
     }
 
     #[test]
