@@ -3,38 +3,41 @@
 //! The lock-free, `no_std` heart of [keyserial](https://docs.rs/keyserial): everything needed to run
 //! tasks **in order per key and in parallel across keys**, with no threads and no clocks of its own.
 //!
-//! | module | what it is |
-//! |---|---|
-//! | [`chain`] | a key's task chain: an intrusive MPSC queue fused with the `ACTIVE`/`RETIRED` handoff word |
-//! | [`fifo`] | a lane's FIFO: many pushers, one popper at a time, items stored in blocks of slots in push order |
-//! | [`lane`] | a lane's ownership word: one worker pops a shared FIFO; an idle worker takes it from an owner stuck in a task, deferring only that task's key |
-//! | [`fixed`] | [`fixed::FixedSerializer`]: a complete serializer without an allocator (fixed key table, task pool, ready ring) |
-//! | [`pool`] | fixed-capacity node storage with generation counters, for builds without an allocator |
-//! | [`prefetch`] | cache hints: start fetching the next item's slot and data while a task runs |
-//! | [`ready`] | queues where chains that became active wait for a worker (bounded no-alloc, unbounded with `alloc`) |
-//! | [`table`] | (`alloc`) the sharded, lock-free key table with epoch reclamation |
-//! | [`recycle`] | (`alloc`) magazine caches that carry freed blocks back to the allocating thread in batches |
-//! | [`permits`] | the permit counter behind keyserial's fair semaphore |
+//! | module | what it is | who uses it |
+//! |---|---|---|
+//! | [`chain`] | a key's task chain: an intrusive MPSC queue fused with the `ACTIVE`/`RETIRED` handoff word | keyserial's `Serializer` (each key's queue of tasks); [`table`]'s entries and [`fixed`] |
+//! | [`fifo`] | (`alloc`) a lane's FIFO: many pushers, one popper at a time, items stored in blocks of slots in push order | keyserial's `Serializer` (each lane's queue) |
+//! | [`lane`] | a lane's ownership word: one worker pops a shared FIFO; an idle worker takes it from an owner stuck in a task, deferring only that task's key | keyserial's `Serializer` (its workers serve and steal lanes by it) |
+//! | [`table`] | (`alloc`) the sharded, lock-free key table with epoch reclamation | keyserial's `Serializer` (key to chain) |
+//! | [`recycle`] | (`alloc`) magazine caches that carry freed blocks back to the allocating thread in batches | keyserial's `Serializer` (the memory of its key table's entries) |
+//! | [`prefetch`] | cache hints: start fetching the next item's slot and data while a task runs | [`chain`], [`fifo`], and keyserial's `Serializer` |
+//! | [`permits`] | the permit counter behind keyserial's fair semaphore | keyserial's `Semaphore` |
+//! | [`fixed`] | [`fixed::FixedSerializer`]: a complete serializer without an allocator (fixed key table, task pool, and its own ready ring) | firmware without an allocator (the repository's `core/firmware` example); not keyserial |
+//! | [`pool`] | fixed-capacity node storage with generation counters, for builds without an allocator | [`fixed`] (its task storage); chains over pool nodes in a no-alloc executor of your own |
+//! | [`ready`] | two plain MPMC queues of any `T`: [`ready::BoundedQueue`] (fixed capacity, no allocator, `const` constructor) and `UnboundedQueue` (`alloc`) | `BoundedQueue`: [`recycle`]'s depot, and a building block for no-alloc executors ([`fixed`] has its own ready ring instead). `UnboundedQueue`: nothing in keyserial or in this crate; only the repository's micro-benchmarks. keyserial's `Serializer` uses neither: its ready work waits in lanes ([`fifo`], [`lane`]) |
 //!
 //! ## Who this crate is for
 //!
 //! Applications on `std` use [keyserial](https://docs.rs/keyserial)'s `Serializer`, which is
-//! built from these modules. Everything here is a **building block**, for keyserial and for
-//! people writing their own executor (another threading model, an async runtime, firmware
-//! without an allocator): each module states its protocol, who may call what, and what each
-//! operation guarantees. Where an operation's soundness rests on a promise only the caller can
-//! keep (ownership of a chain's `ACTIVE` baton, handing over a raw node, the history of a table
-//! entry), it is an `unsafe fn` with a `# Safety` section; no safe function trusts a raw pointer.
-//! Nothing is `#[doc(hidden)]`: every public item is meant for executor authors and is usable on
-//! its own ([`pool`] and the bounded [`ready`] queue serve builds without an allocator).
+//! built from [`chain`], [`fifo`], [`lane`], [`table`], [`recycle`], [`permits`] (its
+//! `Semaphore`) and [`prefetch`]; it does not use [`fixed`], [`pool`] or [`ready`] (only through
+//! [`recycle`], whose depot is a [`ready::BoundedQueue`]). Everything here is a **building
+//! block**, for keyserial and for people writing their own executor (another threading model, an
+//! async runtime, firmware without an allocator): each module states its protocol, who may call
+//! what, and what each operation guarantees. Where an operation's soundness rests on a promise
+//! only the caller can keep (ownership of a chain's `ACTIVE` baton, handing over a raw node, the
+//! history of a table entry), it is an `unsafe fn` with a `# Safety` section; no safe function
+//! trusts a raw pointer. Nothing is `#[doc(hidden)]`: every public item is meant for executor
+//! authors and is usable on its own ([`pool`] and the bounded [`ready`] queue serve builds without
+//! an allocator, as [`fixed`] does with its own ready ring).
 //!
 //! Every concurrent protocol is written down at the top of its module and checked by the loom models
 //! in the repository's `loom/` crate, which compile this crate with `--cfg loom` so that all atomics
 //! and shared cells come from loom (see the private `sync` facade).
 //!
 //! ## Features
-//! - `alloc` (default): heap-allocated chains ([`chain::BoxNode`]), the key [`table`], the unbounded
-//!   ready queue.
+//! - `alloc` (default): heap-allocated chains ([`chain::BoxNode`]), a lane's [`fifo`], the key
+//!   [`table`], the [`recycle`] caches, the unbounded ready queue.
 //! - `critical-section`: forwards to `portable-atomic/critical-section` for targets without
 //!   compare-and-swap (`thumbv6m-none-eabi`, `riscv32imc-unknown-none-elf`); the final binary
 //!   supplies the critical-section implementation.
@@ -64,4 +67,3 @@ pub mod ready;
 pub mod recycle;
 #[cfg(feature = "alloc")]
 pub mod table;
-pub mod ticket;

@@ -1,11 +1,18 @@
-//! Ready queues: where chains that became active wait for a worker.
+//! Ready queues: where chains that became active can wait for a worker, in an executor that keeps
+//! them on a shared queue.
 //!
-//! **A building block** for executors (keyserial's and yours); both queues are plain, safe MPMC
-//! queues of any `T`, usable on their own.
+//! **A building block for executors of your own**: keyserial's `Serializer` does not use these
+//! queues (its ready work waits in lanes, [`crate::fifo`] and [`crate::lane`]), and the
+//! no-allocator [`FixedSerializer`](crate::fixed::FixedSerializer) has its own ready ring
+//! (`fixed/ready.rs`). Both queues are plain, safe MPMC queues of any `T`, usable on their own.
 //!
 //! - [`BoundedQueue`]: a fixed-capacity MPMC queue that needs no allocator (a `const` constructor,
-//!   so it can live in a `static`). Works on every target the crate supports.
+//!   so it can live in a `static`). Works on every target the crate supports. Used by
+//!   [`crate::recycle`]'s depot (the `alloc` build, and through it keyserial's key table), and
+//!   meant for executors without an allocator.
 //! - [`UnboundedQueue`] (`alloc`): an unbounded MPMC queue (crossbeam-queue's segmented queue).
+//!   Nothing in keyserial or in this crate uses it; the repository's micro-benchmarks
+//!   (`benches/benches/micro.rs`, `handoff/keyserial_unbounded`) measure it.
 //!
 //! # `BoundedQueue` protocol
 //!

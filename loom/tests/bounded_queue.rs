@@ -1,13 +1,15 @@
 //! Loom model of the no-alloc ready queue and node pool (core/src/ready.rs, core/src/pool.rs).
 //!
-//! **Thread order matters** (see `ticket.rs`): loom 0.7 keeps only the last access of each atomic
-//! for its race check, so a pop that finds the queue empty (it only loads the head and the cell's
-//! sequence) and runs before the producers is hidden by the producer's own load of that sequence
-//! before its store: loom never tries the push before the pop (tokio-rs/loom#392). With the pop
-//! on the main thread, before the joins, the racing pop found the queue empty in all 132
-//! executions explored. So the consumer is a thread spawned after the producers, the main thread
-//! only joins, and a coverage counter (a std static, outside the model) checks that every outcome
-//! of the racing pop was reached.
+//! **Thread order matters**: loom 0.7 keeps only the last access of each atomic for its race check,
+//! so a thread that only loads a word, spawned before a thread that loads the same word and then
+//! writes it, is hidden behind that later load, and loom never tries the write before the first
+//! load (tokio-rs/loom#392); a thread that only loads must therefore be spawned after the writers.
+//! Here, a pop that finds the queue empty (it only loads the head and the cell's sequence) and runs
+//! before the producers is hidden by the producer's own load of that sequence before its store:
+//! loom never tries the push before the pop. With the pop on the main thread, before the joins, the
+//! racing pop found the queue empty in all 132 executions explored. So the consumer is a thread
+//! spawned after the producers, the main thread only joins, and a coverage counter (a std static,
+//! outside the model) checks that every outcome of the racing pop was reached.
 #![cfg(loom)]
 
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;

@@ -90,11 +90,12 @@
 //! A pops only items queued before the threads start (it never waits) while B waits for the turn,
 //! and the pusher pushes alone.
 //!
-//! **Thread order.** Loom 0.7's DPOR keeps only the last access of each atomic (tokio-rs/loom#392,
-//! see loom/tests/ticket.rs): a thread that only loads a word must be spawned after the threads
-//! that load it and then write it. Poppers and emptiness checkers only load the tail's position,
-//! which pushers load and then CAS, so they are spawned last. Coverage counters (std statics,
-//! outside the model) check that each model reached the interleavings it exists for.
+//! **Thread order.** Loom 0.7's DPOR keeps only the last access of each atomic (tokio-rs/loom#392):
+//! a thread that only loads a word must be spawned after the threads that load it and then write
+//! it, or the later load hides the earlier one and loom never tries the write before it. Poppers
+//! and emptiness checkers only load the tail's position, which pushers load and then CAS, so they
+//! are spawned last. Coverage counters (std statics, outside the model) check that each model
+//! reached the interleavings it exists for.
 //!
 //! **What loom cannot check here.** Loom 0.7 treats `SeqCst` loads and stores as Acquire and
 //! Release (only `SeqCst` fences are totally ordered), so the emptiness models rest on the

@@ -3,8 +3,9 @@
 //!
 //! In the models with a runner thread, the submit runs on the main thread, so first; when it
 //! finds the key table full it has only loaded the table's words, and loom 0.7 can hide a load
-//! that a later thread's load-then-write follows (see `ticket.rs`). Coverage counters (std
-//! statics, outside the model) check that both outcomes of each raced submit were reached.
+//! that a later thread's load-then-write follows (it keeps only the last access of each atomic
+//! for its race check, tokio-rs/loom#392). Coverage counters (std statics, outside the model)
+//! check that both outcomes of each raced submit were reached.
 #![cfg(loom)]
 
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;

@@ -18,15 +18,15 @@
 //!
 //! **Thread order.** Loom 0.7's DPOR keeps only the last access of each atomic, so a thread that
 //! only loads a word can hide from the race check behind another's load-then-write
-//! (tokio-rs/loom#392; see loom/tests/ticket.rs). A thief only *loads* the lane's word (`watch`)
-//! before its CASes, while an owner loads it and then writes it (`begin`, `release`), so, as in
-//! ticket.rs, the owners' threads are spawned first and the thieves last, and the main thread
-//! only sets the lane up (acquiring it, sometimes beginning a task) and joins. (Spawning them the
-//! other way round reached the same outcomes here, with the same execution counts but for the
-//! two-thief model.) Coverage counters (std statics, outside the model) check that each model
-//! reached the interleavings it exists for: a steal won in either task, lost, or never tried;
-//! each of two racing thieves winning, and neither; a lane handed back to the worker it was
-//! stolen from; a second worker's acquire both refused and successful; a stale offer.
+//! (tokio-rs/loom#392). A thief only *loads* the lane's word (`watch`) before its CASes, while an
+//! owner loads it and then writes it (`begin`, `release`), so the owners' threads are spawned first
+//! and the thieves last, and the main thread only sets the lane up (acquiring it, sometimes
+//! beginning a task) and joins. (Spawning them the other way round reached the same outcomes here,
+//! with the same execution counts but for the two-thief model.) Coverage counters (std statics,
+//! outside the model) check that each model reached the interleavings it exists for: a steal won in
+//! either task, lost, or never tried; each of two racing thieves winning, and neither; a lane
+//! handed back to the worker it was stolen from; a second worker's acquire both refused and
+//! successful; a stale offer.
 //!
 //! **What loom cannot check here: that a stolen owner *finds* the offer.** The Release of the
 //! thief's winning CAS and the Acquire of `end`'s failed CAS make the offer happen before the

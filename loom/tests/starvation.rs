@@ -266,11 +266,11 @@ static SEARCHER_KEPT: [std::sync::atomic::AtomicUsize; 2] = [
 
 #[test]
 fn supervisor_racing_a_submit_and_the_last_searcher_keeps_the_stamp() {
-    // The supervisor only loads the queue, and it is spawned before the searcher, whose pop
-    // loads the queue before its CAS: loom 0.7 can hide such a pair (see `ticket.rs`). The
-    // counters check that both ways out were reached: the searcher (or the submit) stamped after
-    // the supervisor cleared, or the stamp was cleared after the searcher saw it set and the
-    // supervisor saw the work and started a worker.
+    // The supervisor only loads the queue, and it is spawned before the searcher, whose pop loads
+    // the queue before its CAS: loom 0.7 can hide such a pair (it keeps only the last access of
+    // each atomic, tokio-rs/loom#392). The counters check that both ways out were reached: the
+    // searcher (or the submit) stamped after the supervisor cleared, or the stamp was cleared after
+    // the searcher saw it set and the supervisor saw the work and started a worker.
     loom::model(|| {
         let spawned = supervisor_racing_a_submit(true, true)
             .expect("visible work, nobody idle, no stamp, no extra worker");

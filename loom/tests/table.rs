@@ -161,8 +161,9 @@ fn pusher_meeting_a_retired_chain_goes_back_to_the_table() {
     // The submit loop of the std executor: look up (or insert) the key's chain and push; on
     // `Retired`, look up again. Racing a drainer that retires and unlinks, the task must end up in
     // a live chain, exactly once. The pusher (the main thread, so it runs first) may only load
-    // the slot before the retirer's unlink loads it and CASes it, a pair loom 0.7 can hide (see
-    // `ticket.rs`): the counter checks that the bounce and retry were reached.
+    // the slot before the retirer's unlink loads it and CASes it, a pair loom 0.7 can hide (it
+    // keeps only the last access of each atomic, tokio-rs/loom#392): the counter checks that the
+    // bounce and retry were reached.
     loom::model(|| {
         let t: Arc<Table<u32, Chain<BoxNode<u32>>, H>> = Arc::new(Table::with_hasher(H::default()));
         {
