@@ -33,7 +33,7 @@
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 
-use crossbeam_epoch::Guard;
+use crossbeam_epoch::{Guard, LocalHandle};
 use keyserial_core::table::Unlinked;
 
 use crate::idle_word::Reap;
@@ -130,7 +130,7 @@ where
     K: std::hash::Hash + Eq + Send + Sync + 'static,
 {
     // Pinned before the release: from then on others may retire the entry.
-    let guard = crossbeam_epoch::pin();
+    let guard = shared.pin();
     // SAFETY: we own the chain (the caller's contract), so the entry is alive.
     let entry = unsafe { entry_ptr.as_ref() };
     // SAFETY: we own the chain.
@@ -187,6 +187,7 @@ fn reap_front<K>(
 /// Retires the keys whose timeout passed (all of them if `all`).
 fn reap<K>(
     shared: &Shared<K>,
+    epoch: &LocalHandle,
     fifo: &mut VecDeque<IdleItem<K>>,
     garbage: &mut Garbage<K>,
     now: u64,
@@ -195,7 +196,7 @@ fn reap<K>(
     K: std::hash::Hash + Eq + Send + Sync + 'static,
 {
     let timeout = shared.config().key_idle_timeout.as_millis() as u64;
-    let guard = crossbeam_epoch::pin();
+    let guard = epoch.pin();
     let mut budget = fifo.len();
     while budget > 0 {
         budget -= 1;
@@ -254,10 +255,11 @@ where
         );
     }
 
-    /// Retires the keys whose timeout passed by `now` (every key if `all`).
-    pub(crate) fn reap(&mut self, shared: &Shared<K>, now: u64, all: bool) {
+    /// Retires the keys whose timeout passed by `now` (every key if `all`); `epoch`: the
+    /// worker's registration with the table's collector.
+    pub(crate) fn reap(&mut self, shared: &Shared<K>, epoch: &LocalHandle, now: u64, all: bool) {
         if !self.fifo.is_empty() {
-            reap(shared, &mut self.fifo, &mut self.garbage, now, all);
+            reap(shared, epoch, &mut self.fifo, &mut self.garbage, now, all);
         }
     }
 
@@ -277,9 +279,9 @@ where
     }
 
     /// Hands every unlinked entry to the epoch now (before sleeping or exiting).
-    pub(crate) fn flush(&mut self, shared: &Shared<K>) {
+    pub(crate) fn flush(&mut self, shared: &Shared<K>, epoch: &LocalHandle) {
         if !self.garbage.is_empty() {
-            let guard = crossbeam_epoch::pin();
+            let guard = epoch.pin();
             shared
                 .table()
                 .defer_free(std::mem::take(&mut self.garbage), &guard);

@@ -153,45 +153,72 @@
 // there), so the calls that pass it pass a unit value.
 #![cfg_attr(not(debug_assertions), allow(clippy::unit_arg))]
 
+// The map of this crate, for its developers (the modules are private). Grouped by what they
+// serve; each module's own docs give its protocol.
+//
+// | group | modules |
+// |---|---|
+// | the facade | `serializer/` (`mod`: the type and its submit methods; `admit`: admission; `shutdown`: the shutdown family and `Drop`), `builder`, `stats`, `error`, `pending` |
+// | shared state | `shared` (the routing state, behind accessors; the counts, summed in `Shared::tally`), `lifecycle` (flags, termination, threads, hand-backs, behind one lock), `slot` (a worker's slot), `sync` (std or loom) |
+// | the lane path (every keyed task) | `lanes`, `lane_task` (a task in a lane's slot), `route` (run it or queue it on its key's chain), `deferral` (a key deferred when its lane is taken over), `latest_cells` (`submit_latest`), `claims` (`submit_distinct`), `gate` (admission of unkeyed and latest tasks), `capacity` |
+// | the chain path (keys with state) | `key` (a key's entry and state), `idle`, `idle_word` (idle release), `permits`, `permit_wait` (permit-gated tasks) |
+// | workers | `worker/` (its `mod.rs` lists its rooms), `phase` (what `shutdown_now` may take), `sleep` (parking without lost wakeups), `supervisor` (the elastic pool) |
+// | tasks and handles | `task/` (type-erased task nodes), `nodes`, `slab` (their recycled memory), `handle` (`TaskHandle`), `user` (the one boundary for user code: where it runs, what a panic in it does) |
+// | the extras | `semaphore/`, `distinct/` (`DistinctQueue`) |
+
+// The facade.
 mod builder;
+mod error;
+mod pending;
+mod serializer;
+mod stats;
+
+// Shared state.
+mod lifecycle;
+mod shared;
+mod slot;
+mod sync;
+
+// The lane path.
 mod capacity;
 mod claims;
 mod deferral;
-mod distinct;
-mod error;
-#[cfg(test)]
-mod exec_tests;
 mod gate;
-mod handle;
-mod idle;
-mod idle_word;
-mod key;
 mod lane_task;
 mod lanes;
 mod latest_cells;
-mod lifecycle;
 #[cfg(loom)]
 mod loom_fifo;
-mod nodes;
-mod pending;
+mod route;
+
+// The chain path.
+mod idle;
+mod idle_word;
+mod key;
 mod permit_wait;
 mod permits;
+
+// Workers.
 mod phase;
-mod route;
-mod semaphore;
-mod serializer;
-mod shared;
-mod slab;
 mod sleep;
-mod slot;
-mod stats;
 mod supervisor;
-mod sync;
+mod worker;
+
+// Tasks and handles.
+mod handle;
+mod nodes;
+mod slab;
 mod task;
+mod user;
+
+// The extras.
+mod distinct;
+mod semaphore;
+
+#[cfg(test)]
+mod exec_tests;
 #[cfg(test)]
 mod test_util;
-mod user;
-mod worker;
 
 pub use builder::Builder;
 pub use distinct::{Batch, DistinctQueue, Take};

@@ -82,6 +82,7 @@ pub(crate) fn route<K>(
     hash: u64,
     local: Option<&Worker<Runnable<K>>>,
     track: Track,
+    epoch: &crossbeam_epoch::LocalHandle,
 ) -> Route<K>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
@@ -109,7 +110,7 @@ where
     if plain && !sh.lanes().tracked.any(lane, hash) {
         return Route::Direct(item);
     }
-    let guard = crossbeam_epoch::pin();
+    let guard = epoch.pin();
     // A plain item of a key without an active chain runs directly, as it is (an inline task
     // stays inline): only an item bound for a chain becomes a node.
     //

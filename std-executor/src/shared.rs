@@ -130,6 +130,18 @@ impl<K> Shared<K> {
         &self.table
     }
 
+    /// Registers the calling thread with the key table's epoch collector (a worker does this
+    /// once, at its start).
+    pub(crate) fn register_epoch(&self) -> crossbeam_epoch::LocalHandle {
+        self.table.register()
+    }
+
+    /// A guard of the key table's collector for a thread that is not a worker (`shutdown_now`):
+    /// registers the thread for as long as the guard lives.
+    pub(crate) fn pin(&self) -> crossbeam_epoch::Guard {
+        self.table.register().pin()
+    }
+
     /// The global ready queue.
     #[inline]
     pub(crate) fn global(&self) -> &Injector<Runnable<K>> {
@@ -279,10 +291,9 @@ where
         Shared {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             lanes: Lanes::new(lanes, &hasher),
-            table: Table::with_hasher_and_collector(
-                hasher,
-                crossbeam_epoch::default_collector().clone(),
-            ),
+            // A collector of its own: a dropped serializer's garbage is freed with it (and the
+            // leak check of Miri's whole-serializer tests covers the key table).
+            table: Table::with_hasher_and_collector(hasher, crossbeam_epoch::Collector::new()),
             global: CachePadded::new(Injector::new()),
             mailboxes,
             claims: Claims::new(),

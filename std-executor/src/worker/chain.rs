@@ -49,7 +49,7 @@ where
         let stall = crossbeam_utils::Backoff::new();
         loop {
             if ran >= budget {
-                let guard = crossbeam_epoch::pin();
+                let guard = self.epoch.pin();
                 // SAFETY: we own the chain.
                 if unsafe { chain.try_release() } {
                     self.released(entry_ptr, &guard);
@@ -63,7 +63,7 @@ where
             // SAFETY: we own the chain; `kind_of` reads queued nodes of a chain we own.
             let popped = unsafe { chain.pop_coalescing(|n| TaskRef::kind_of(n) == Kind::Latest) };
             let Some(p) = popped else {
-                let guard = crossbeam_epoch::pin();
+                let guard = self.epoch.pin();
                 // SAFETY: we own the chain.
                 if unsafe { chain.try_release() } {
                     self.released(entry_ptr, &guard);

@@ -100,6 +100,8 @@ struct WorkerLoop<'a, K> {
     owned: Option<Owned<K>>,
     /// Keys released here, waiting for their idle timeout (`idle.rs`).
     idle: IdleKeys<K>,
+    /// This thread's registration with the key table's epoch collector.
+    epoch: crossbeam_epoch::LocalHandle,
     searching: bool,
     /// Its home lanes, `(index, workers)`: lanes `l` with `l % workers == index` (core workers
     /// only), served first so that a key's data stays on one core while every worker is busy.
@@ -151,6 +153,7 @@ where
             index,
             owned: Some(owned),
             idle: IdleKeys::new(),
+            epoch: shared.register_epoch(),
             searching: true,
             home: (index < shared.config().workers).then_some((index, shared.config().workers)),
             turn: 0,
@@ -318,12 +321,12 @@ where
         if self.index == 0 {
             self.idle.adopt(self.shared.lifecycle().adopt_orphans());
         }
-        self.idle.reap(self.shared, self.now, all);
+        self.idle.reap(self.shared, &self.epoch, self.now, all);
     }
 
     /// Hands every unlinked entry to the epoch now (before sleeping or exiting).
     fn flush_garbage(&mut self) {
-        self.idle.flush(self.shared);
+        self.idle.flush(self.shared, &self.epoch);
     }
 
     fn exit(mut self) {

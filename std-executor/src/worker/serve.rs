@@ -194,7 +194,7 @@ where
                 (false, true) => Track::Hot,
                 (false, false) => Track::AsIs,
             };
-            let item = match route(sh, item, hash, local, track) {
+            let item = match route(sh, item, hash, local, track, &self.epoch) {
                 Route::Direct(item) => item,
                 Route::Queued => {
                     routed += 1;
@@ -362,7 +362,7 @@ where
             };
             let local = self.owned.as_ref().map(|o| &o.deque);
             let hash = item.hash;
-            let item = match route(self.shared, item, hash, local, Track::AsIs) {
+            let item = match route(self.shared, item, hash, local, Track::AsIs, &self.epoch) {
                 Route::Direct(item) => item,
                 Route::Queued => continue,
                 Route::Failed(task, payload) => {
