@@ -74,7 +74,7 @@ use common::coverage::{assert_all_reached, count};
 use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
 
 use keyserial::loom_api::lanes::{self as hooks, AfterPush, Fifo};
-use keyserial::loom_api::{Parker, Sleep};
+use keyserial::loom_api::{Idle, Parker, Sleep};
 use keyserial_core::lane::{Lane, Phase};
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{fence, AtomicUsize, Ordering};
@@ -125,7 +125,10 @@ impl World {
             &self.queue,
             move || item,
             &self.deep,
-            || (true, false),
+            || Idle {
+                asleep: true,
+                searching: false,
+            },
         );
         after.ok() == Some(AfterPush::Notify) // the lane is never closed here
     }

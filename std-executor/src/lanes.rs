@@ -83,6 +83,7 @@ use keyserial_core::lane::{Lane as LaneWord, Phase, Watch};
 
 use crate::deferral::Deferrals;
 use crate::lane_task::{Item, LaneTask, Stored};
+use crate::sleep::Idle;
 use crate::sync::{fence, Arc, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 /// A lane's FIFO: core's [`keyserial_core::fifo::Fifo`] (items stored in blocks of slots, in push
@@ -117,15 +118,23 @@ pub fn push_then_look<E>(
     word: &LaneWord,
     push: impl FnOnce() -> Result<(), E>,
     deep: &AtomicUsize,
-    idle: impl FnOnce() -> (bool, bool),
+    idle: impl FnOnce() -> Idle,
 ) -> Result<AfterPush, E> {
     push()?;
     #[cfg(loom)]
     fence(Ordering::SeqCst);
     Ok(match idle() {
-        (_, true) => AfterPush::Nothing,
-        (false, false) => AfterPush::AllBusy,
-        (true, false) => {
+        Idle {
+            searching: true, ..
+        } => AfterPush::Nothing,
+        Idle {
+            asleep: false,
+            searching: false,
+        } => AfterPush::AllBusy,
+        Idle {
+            asleep: true,
+            searching: false,
+        } => {
             if word.phase_after_push() == Phase::Free || deep.load(Ordering::SeqCst) > 0 {
                 AfterPush::Notify
             } else {
@@ -184,7 +193,7 @@ pub mod loom_hooks {
         queue: &Fifo<T>,
         make: F,
         deep: &AtomicUsize,
-        idle: impl FnOnce() -> (bool, bool),
+        idle: impl FnOnce() -> crate::sleep::Idle,
     ) -> Result<AfterPush, F> {
         super::push_then_look(word, || queue.try_push_with(make), deep, idle)
     }
@@ -490,7 +499,7 @@ impl<K> Lanes<K> {
         &self,
         hash: u64,
         make: impl FnOnce() -> Item<K>,
-        idle: impl FnOnce() -> (bool, bool),
+        idle: impl FnOnce() -> Idle,
     ) -> Result<AfterPush, Closed> {
         let lane = &self.lanes[self.index_of(hash)];
         let stored = move || {

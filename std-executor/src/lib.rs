@@ -242,7 +242,7 @@ pub mod loom_api {
     pub use crate::phase::{AfterTask, Phase, Stopped};
     pub use crate::semaphore::loom_hooks as semaphore;
     pub use crate::slab::{free_one, Bump, Freer, SLAB};
-    pub use crate::sleep::Sleep;
+    pub use crate::sleep::{Idle, Sleep};
     pub use crate::supervisor::stamp_expired;
     pub use crate::sync::{Parker, Unparker};
 }

@@ -55,6 +55,20 @@ const SLEEPER: u64 = 1 << 16;
 const EVENT: u64 = 1 << 32;
 const FIELD: u64 = 0xFFFF;
 
+/// What one load of the sleep word says about idle workers ([`Sleep::idle_now`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Idle {
+    /// Some worker is registered asleep.
+    pub asleep: bool,
+    /// Some worker is searching (awake, looking for work).
+    pub searching: bool,
+}
+
+/// A reading of the sleep word taken before a worker's last search ([`Sleep::snapshot`]), for
+/// [`Sleep::try_sleep`], which refuses if anything became runnable since.
+#[derive(Clone, Copy, Debug)]
+pub struct Snapshot(u64);
+
 fn searching(w: u64) -> u64 {
     w & FIELD
 }
@@ -142,15 +156,18 @@ impl Sleep {
     }
 
     /// Take before the last search that precedes [`try_sleep`](Self::try_sleep).
-    pub fn snapshot(&self) -> u64 {
-        self.word.load(Ordering::Acquire)
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot(self.word.load(Ordering::Acquire))
     }
 
     /// One load: whether some worker is registered asleep, and whether some is searching.
     #[inline]
-    pub fn idle_now(&self) -> (bool, bool) {
+    pub fn idle_now(&self) -> Idle {
         let w = self.word.load(Ordering::SeqCst);
-        (sleepers(w) > 0, searching(w) > 0)
+        Idle {
+            asleep: sleepers(w) > 0,
+            searching: searching(w) > 0,
+        }
     }
 
     /// `true` if some worker is registered as asleep.
@@ -168,7 +185,9 @@ impl Sleep {
     /// (`searching_now`: the worker is counted in SEARCHING, and stops being so). On `true` the
     /// caller must park and then call [`woke`](Self::woke); on `false` nothing changed and it must
     /// search again.
-    pub fn try_sleep(&self, index: usize, snapshot: u64, searching_now: bool) -> bool {
+    #[must_use = "on `true` the caller must park, then call `woke`"]
+    pub fn try_sleep(&self, index: usize, snapshot: Snapshot, searching_now: bool) -> bool {
+        let Snapshot(snapshot) = snapshot;
         let mut reg = lock(&self.registry);
         let mut cur = self.word.load(Ordering::Acquire);
         loop {
@@ -215,18 +234,18 @@ mod tests {
         assert!(s.try_sleep(0, snap, true));
         // worker 1 still searching: no wakeup
         assert!(!s.notify());
-        assert_eq!(sleepers(s.snapshot()), 1);
+        assert_eq!(sleepers(s.snapshot().0), 1);
         // worker 1's snapshot is stale now: it must search again
         assert!(!s.try_sleep(1, snap, true));
         let snap = s.snapshot();
         assert!(s.try_sleep(1, snap, true));
         // nobody searching, two asleep: one is woken and counted as searching
         assert!(!s.notify());
-        let w = s.snapshot();
+        let w = s.snapshot().0;
         assert_eq!((searching(w), sleepers(w)), (1, 1));
         s.woke(1); // 1 was popped by the notifier (LIFO): nothing changes
         s.woke(0); // 0 timed out: it moves itself to searching
-        let w = s.snapshot();
+        let w = s.snapshot().0;
         assert_eq!((searching(w), sleepers(w)), (2, 0));
         assert!(!s.stop_searching());
         assert!(s.stop_searching());
