@@ -261,9 +261,10 @@ impl<K: Hash> Lane<K> {
     /// `Hash` does not, the item may go to another key's chain or deferral: order and overlap
     /// then mean nothing for that key, as for a `HashMap`, and nothing is lost.
     ///
-    /// The `Hash` is user code (`user.rs`): if it panics, the item comes back as
-    /// [`KeyPanicked`], its key dropped, for the caller to fail its task; the lane is as it
-    /// would be after any pop.
+    /// The `Hash` is user code (`user.rs`): if it panics, the item's key is dropped, its task
+    /// goes to `failed` (to be failed with the payload, out of line) and the next item is
+    /// popped; the lane is as it would be after any pop. (The return type stays an
+    /// `Option<Item>`, whose move the hot loop is laid out for, `lane_task.rs`.)
     ///
     /// # Safety
     ///
@@ -271,16 +272,19 @@ impl<K: Hash> Lane<K> {
     /// the lane word passes ownership with Release/Acquire, which is what the FIFO's one
     /// popper at a time needs.
     #[inline(always)]
-    pub(crate) unsafe fn pop(&self) -> Option<Result<Item<K>, KeyPanicked>> {
-        // SAFETY: the caller's contract.
-        let (key, task) = unsafe { self.pop_unhashed() }?;
-        Some(match crate::user::catch(|| self.hasher.hash_one(&key)) {
-            Ok(hash) => Ok(Item { key, hash, task }),
-            Err(payload) => {
-                crate::user::drop_quietly(key);
-                Err(KeyPanicked { task, payload })
+    pub(crate) unsafe fn pop(&self, failed: impl FnMut(KeyPanicked)) -> Option<Item<K>> {
+        let mut failed = failed;
+        loop {
+            // SAFETY: the caller's contract.
+            let (key, task) = unsafe { self.pop_unhashed() }?;
+            match crate::user::catch(|| self.hasher.hash_one(&key)) {
+                Ok(hash) => return Some(Item { key, hash, task }),
+                Err(payload) => {
+                    crate::user::drop_quietly(key);
+                    failed(KeyPanicked { task, payload });
+                }
             }
-        })
+        }
     }
 
     /// Takes the lane's oldest item, if any, without hashing its key (`shutdown_now` and a

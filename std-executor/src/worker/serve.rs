@@ -120,7 +120,9 @@ where
                 return After::Continue;
             }
             // SAFETY: this worker owns the lane (it acquired it and has not released it).
-            let Some(next) = (unsafe { lane.pop() }) else {
+            // A task whose key's `Hash` panics is failed here and the next one popped.
+            let failed = |k: KeyPanicked| self.fail_task(k.task, k.payload);
+            let Some(item) = (unsafe { lane.pop(failed) }) else {
                 if std::mem::take(&mut in_run) && self.end_run() {
                     return self.stop_holding_lane(l, None);
                 }
@@ -128,15 +130,6 @@ where
                     continue;
                 }
                 return After::Continue;
-            };
-            let item = match next {
-                Ok(item) => item,
-                Err(KeyPanicked { task, payload }) => {
-                    // Its key's `Hash` panicked: the task fails, the lane goes on.
-                    ran += 1;
-                    self.fail_task(task, payload);
-                    continue;
-                }
             };
             // While this item runs, the next one's data comes (`lane_task.rs`, "Looking
             // ahead").
