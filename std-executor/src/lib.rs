@@ -165,6 +165,14 @@
 // | workers | `worker/` (its `mod.rs` lists its rooms), `phase` (what `shutdown_now` may take), `sleep` (parking without lost wakeups), `supervisor` (the elastic pool) |
 // | tasks and handles | `task/` (type-erased task nodes), `nodes`, `slab` (their recycled memory), `handle` (`TaskHandle`), `user` (the one boundary for user code: where it runs, what a panic in it does) |
 // | the extras | `semaphore/`, `distinct/` (`DistinctQueue`) |
+//
+// A task in transit has one name per place it can be, outermost first: a `Job` is the user's
+// closure plus how its outcome is reported (`task/`); a `TaskRef` owns a type-erased node that
+// holds a job; a `LaneTask` is a task as a lane's slot holds it (an inline `execute` closure or
+// a `TaskRef`); an `Item` is a `LaneTask` with its key and the key's hash, as a lane's owner or a
+// deferral handles it, and `Stored` is an item as the slot keeps it (without the hash,
+// `Lane::pop` computes it again); a `Runnable` is what a ready queue holds (a key's chain, or an
+// unkeyed `TaskRef`); a `PendingTask` is a task handed back to the user.
 
 // The facade.
 mod builder;
