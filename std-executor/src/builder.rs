@@ -42,6 +42,9 @@ pub struct Builder<K> {
     pub(crate) fairness_budget: usize,
     pub(crate) capacity: Option<usize>,
     pub(crate) thread_name: String,
+    /// The tokio runtime whose context workers enter while they poll futures.
+    #[cfg(feature = "tokio")]
+    pub(crate) tokio: Option<tokio::runtime::Handle>,
     _key: PhantomData<fn(K)>,
 }
 
@@ -69,6 +72,8 @@ impl<K> Default for Builder<K> {
             fairness_budget: 64,
             capacity: None,
             thread_name: "keyserial".to_string(),
+            #[cfg(feature = "tokio")]
+            tokio: None,
             _key: PhantomData,
         }
     }
@@ -86,6 +91,27 @@ where
     /// ```
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// (Cargo feature `tokio`.) Workers enter `handle`'s runtime context while they poll a
+    /// [`submit_async`](crate::Serializer::submit_async) future, so tokio's timers, sockets and
+    /// other reactor-bound futures work inside it. The runtime must outlive those futures.
+    ///
+    /// ```
+    /// # #[cfg(feature = "tokio")] {
+    /// let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    /// let s = keyserial::Builder::<u32>::new().tokio_handle(rt.handle().clone()).build().unwrap();
+    /// let h = s.submit_async(1, async {
+    ///     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    ///     "slept on a keyserial worker"
+    /// }).unwrap();
+    /// assert_eq!(h.join().unwrap(), "slept on a keyserial worker");
+    /// # }
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub fn tokio_handle(mut self, handle: tokio::runtime::Handle) -> Self {
+        self.tokio = Some(handle);
+        self
     }
 
     /// Core worker threads (at least 1).

@@ -221,6 +221,7 @@ mod user;
 
 // The extras.
 mod distinct;
+mod future_task;
 mod semaphore;
 
 #[cfg(test)]

@@ -105,7 +105,8 @@ where
     let kind = item.task.kind();
     // Only a permit-gated task needs its key's state (the chain it parks); the rest run
     // directly unless the key is tracked.
-    let plain = kind != Kind::Permits && track == Track::AsIs;
+    // A future needs it too: its chain keeps the key owned while the future is pending.
+    let plain = kind != Kind::Permits && kind != Kind::Future && track == Track::AsIs;
     let lane = sh.lanes().index_of(hash);
     if plain && !sh.lanes().tracked.any(lane, hash) {
         return Route::Direct(item);

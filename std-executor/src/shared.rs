@@ -32,6 +32,23 @@ pub(crate) struct Config {
     pub(crate) key_idle_timeout: Duration,
     pub(crate) fairness_budget: usize,
     pub(crate) thread_name: String,
+    #[cfg(feature = "tokio")]
+    pub(crate) tokio: Option<tokio::runtime::Handle>,
+}
+
+impl Config {
+    /// Enters the tokio runtime's context for a future's poll, if one was given (the guard
+    /// leaves it); nothing without the `tokio` feature.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn enter_runtime(&self) -> Option<tokio::runtime::EnterGuard<'_>> {
+        self.tokio.as_ref().map(|h| h.enter())
+    }
+
+    /// Enters the tokio runtime's context for a future's poll, if one was given (the guard
+    /// leaves it); nothing without the `tokio` feature.
+    #[cfg(not(feature = "tokio"))]
+    #[inline(always)]
+    pub(crate) fn enter_runtime(&self) {}
 }
 
 /// Everything a serializer's handle, its workers and its supervisor share. Every field is private:
@@ -76,6 +93,8 @@ pub(crate) struct Shared<K> {
 struct Outside {
     /// Tasks handed back by `shutdown_now`.
     handed_back: AtomicU64,
+    /// Started futures that `shutdown_now` cancelled outside a worker (they ended).
+    completed: AtomicU64,
     /// Tasks resolved without running outside a worker (a superseded latest task, a permit
     /// wait on a closed semaphore, a task whose key's `Clone` panicked while handed back).
     dropped: AtomicU64,
@@ -231,6 +250,11 @@ impl<K> Shared<K> {
         self.outside.dropped.fetch_add(n, Ordering::AcqRel);
     }
 
+    /// A started task ended outside a worker (a pending future cancelled by `shutdown_now`).
+    pub(crate) fn count_completed_outside(&self) {
+        self.outside.completed.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// `shutdown_now` handed `n` tasks back.
     pub(crate) fn count_handed_back(&self, n: u64) {
         self.outside.handed_back.fetch_add(n, Ordering::AcqRel);
@@ -242,7 +266,7 @@ impl<K> Shared<K> {
         let mut t = Tally {
             admitted: self.gate.admitted() + self.lanes.pushed(),
             started: 0,
-            completed: 0,
+            completed: self.outside.completed.load(Ordering::Acquire),
             panicked: 0,
             dropped: self.outside.dropped.load(Ordering::Acquire),
             handed_back: self.outside.handed_back.load(Ordering::Acquire),

@@ -30,7 +30,10 @@ use std::sync::Arc;
 
 use crate::capacity::Reservation;
 use crate::claims::Claim;
+use std::future::Future;
+
 use crate::error::{RejectReason, Rejected};
+use crate::future_task::{AsyncJob, FutureCell};
 use crate::handle::{JoinState, OriginCheck, TaskHandle};
 #[cfg(debug_assertions)]
 use crate::key::KeyEntry;
@@ -96,6 +99,38 @@ where
                 state,
             };
             LaneTask::node(TaskRef::new(job, kind, permits.take()))
+        })
+        .map(|()| handle.take().expect("handle made with the task"))
+        .map_err(|reason| Rejected {
+            reason,
+            task: slot.take().expect("refused before the task was built"),
+        })
+    }
+
+    /// `submit_async` / `try_submit_async`: the future becomes a node of kind `Future`
+    /// (`future_task.rs`), admitted like any keyed task.
+    pub(super) fn submit_future<Fut>(
+        &self,
+        key: K,
+        fut: Fut,
+        mode: Mode,
+    ) -> Result<TaskHandle<Fut::Output>, Rejected<Fut>>
+    where
+        Fut: Future + Send + 'static,
+        Fut::Output: Send + 'static,
+    {
+        let mut slot = Some(fut);
+        let mut handle = None;
+        let mut origin = Some(self.origin_of(Some(&key), Kind::Future));
+        self.admit(Some(key), Kind::Future, mode, |_| {
+            let state = JoinState::new(origin.take().unwrap_or_default());
+            handle = Some(TaskHandle::new(state.clone()));
+            let cell = FutureCell::new(slot.take().expect("built once"), state);
+            let job = AsyncJob::<K> {
+                task: std::sync::Arc::new(cell),
+                parking: None,
+            };
+            LaneTask::node(TaskRef::new(job, Kind::Future, None))
         })
         .map(|()| handle.take().expect("handle made with the task"))
         .map_err(|reason| Rejected {

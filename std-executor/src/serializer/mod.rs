@@ -212,6 +212,8 @@ where
             key_idle_timeout: b.key_idle_timeout,
             fairness_budget: b.fairness_budget,
             thread_name: b.thread_name,
+            #[cfg(feature = "tokio")]
+            tokio: b.tokio,
         };
         let owned = deques
             .into_iter()
@@ -407,6 +409,68 @@ where
             Mode::Block,
             Some((sem.clone(), n)),
         )
+    }
+
+    /// Submits a future as a task of `key`: it runs in the key's order like a closure (the
+    /// key's next task, closure or future, starts only after it completes), polled on the
+    /// serializer's workers. While it is pending **no worker is held**: the key stays owned and
+    /// its waker, from any thread and any number of times, puts the key back on a ready queue.
+    /// A panic in `poll` resolves the handle `Panicked` and the key goes on. Blocks while at
+    /// capacity, like [`submit`](Self::submit).
+    ///
+    /// `shutdown` lets started futures finish; [`shutdown_now`](Self::shutdown_now) hands back
+    /// futures not yet polled (their [`PendingTask::run`] drives them to completion on the
+    /// calling thread) and drops started ones, whose handles resolve
+    /// [`Cancelled`](crate::TaskError::Cancelled). For tokio's timers and sockets inside the
+    /// future, give the builder a runtime handle (Cargo feature `tokio`,
+    /// `Builder::tokio_handle`).
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use keyserial::Serializer;
+    ///
+    /// let s: Serializer<&str> = Serializer::new();
+    /// let log = Arc::new(Mutex::new(Vec::new()));
+    /// let (l1, l2) = (log.clone(), log.clone());
+    /// let a = s.submit_async("alice", async move { l1.lock().unwrap().push("async first") }).unwrap();
+    /// let b = s.submit("alice", move || l2.lock().unwrap().push("then the closure")).unwrap();
+    /// b.join().unwrap();
+    /// a.join().unwrap();
+    /// assert_eq!(*log.lock().unwrap(), ["async first", "then the closure"]);
+    /// ```
+    ///
+    /// # Errors
+    /// `Rejected { reason: Shutdown, task }` after [`shutdown`](Self::shutdown), with the future.
+    pub fn submit_async<Fut>(
+        &self,
+        key: K,
+        fut: Fut,
+    ) -> Result<TaskHandle<Fut::Output>, Rejected<Fut>>
+    where
+        Fut: std::future::Future + Send + 'static,
+        Fut::Output: Send + 'static,
+    {
+        self.submit_future(key, fut, Mode::Block)
+    }
+
+    /// Like [`submit_async`](Self::submit_async) but never blocks: at capacity the future comes
+    /// back in `Rejected { reason: Full, task }`.
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
+    /// let h = s.try_submit_async(1, async { 6 * 7 }).unwrap();
+    /// assert_eq!(h.join().unwrap(), 42);
+    /// ```
+    pub fn try_submit_async<Fut>(
+        &self,
+        key: K,
+        fut: Fut,
+    ) -> Result<TaskHandle<Fut::Output>, Rejected<Fut>>
+    where
+        Fut: std::future::Future + Send + 'static,
+        Fut::Output: Send + 'static,
+    {
+        self.submit_future(key, fut, Mode::Try)
     }
 
     /// Runs an unkeyed task: never serialized with anything. Blocks while at capacity.

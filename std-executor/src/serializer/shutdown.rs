@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 use keyserial_core::lane::Phase as LanePhase;
 
 use crate::deferral::Deferral;
+use crate::future_task::AsyncJob;
 use crate::key::{KeyEntry, Runnable};
 use crate::lanes::STOPPER;
 use crate::pending::PendingTask;
 use crate::phase::Stopped;
 use crate::sync::Ordering;
+use crate::task::{Abandon, Job, Kind, TaskRef};
 use crate::worker::{self, drain_chain};
 
 use super::Serializer;
@@ -169,6 +171,9 @@ where
         // SAFETY: as above.
         unsafe { drain_chain(entry, &mut tasks) };
         for t in tasks {
+            let Some(t) = self.unless_started_future(t) else {
+                continue;
+            };
             // The key's `Clone` is user code: a task whose key cannot be cloned is not handed
             // back but resolves `Panicked` with the key's payload (`user.rs`).
             match crate::user::catch(|| entry.key().clone()) {
@@ -182,6 +187,23 @@ where
         }
         // SAFETY: as above: we own the drained chain, and it is an entry of our table.
         unsafe { crate::idle::release_drained(&self.shared, e) };
+    }
+
+    /// `shutdown_now`, for a task drained from a chain: a started future (pending, its chain
+    /// parked or stolen) is cancelled, its handle resolves `Cancelled` and it counts as ended;
+    /// any other task comes back to be handed back.
+    fn unless_started_future(&self, t: TaskRef) -> Option<TaskRef> {
+        if t.kind() != Kind::Future {
+            return Some(t);
+        }
+        // SAFETY: nodes of kind `Future` are made only by `submit_async`, from an `AsyncJob<K>`.
+        let job = unsafe { t.into_job::<AsyncJob<K>>() };
+        if job.parking.is_none() {
+            return Some(TaskRef::new(job, Kind::Future, None)); // never polled: handed back
+        }
+        self.shared.count_completed_outside();
+        job.abandon(Abandon::Cancelled);
+        None
     }
 
     /// Waits until the serializer has terminated (shut down and every worker exited) or

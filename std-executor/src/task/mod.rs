@@ -40,6 +40,8 @@ pub(crate) enum Kind {
     Permits,
     /// A lane item standing for a key's pending `submit_latest` task (`latest_cells.rs`).
     LatestCell,
+    /// `submit_async`: a future, polled on its key's chain (`future_task.rs`).
+    Future,
 }
 
 /// Why a task is abandoned without running.

@@ -10,6 +10,9 @@
 //! epoch guard taken *before* the release, since the entry may be retired by others from then on.
 
 use std::ptr::NonNull;
+use std::task::{Context, Waker};
+
+use crate::future_task::{AsyncJob, Parking};
 
 use super::{After, WorkerLoop};
 use crate::key::{KeyEntry, Runnable};
@@ -89,6 +92,16 @@ where
                 self.release_capacity();
                 continue;
             }
+            if task.kind() == Kind::Future {
+                match self.poll_future(entry_ptr, task) {
+                    Polled::Again => {
+                        ran += 1;
+                        continue;
+                    }
+                    Polled::Parked => return After::Continue,
+                    Polled::Exit => return After::Exit,
+                }
+            }
             let mut permit = None;
             if task.kind() == Kind::Permits {
                 match crate::permits::acquire_or_park(self.shared, entry_ptr, task) {
@@ -131,6 +144,101 @@ where
                     return After::Exit;
                 }
             }
+        }
+    }
+}
+
+/// How polling a key's future ended for the chain's owner.
+enum Polled {
+    /// Go on with the chain (the future completed, or was woken during its poll and is back at
+    /// the chain's head).
+    Again,
+    /// The future is pending and its chain parked: the chain is not ours any more.
+    Parked,
+    /// `shutdown_now` stopped the worker (the future is cancelled, or put back with the chain).
+    Exit,
+}
+
+impl<K> WorkerLoop<'_, K>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// Polls the future of node `task`, just popped from `entry_ptr`'s chain, which this worker
+    /// owns (`future_task.rs`: "Where a future lives" and "The wake state").
+    fn poll_future(&mut self, entry_ptr: NonNull<KeyEntry<K>>, task: TaskRef) -> Polled {
+        // SAFETY: we own the chain, so the entry is alive.
+        let chain = &unsafe { entry_ptr.as_ref() }.value().chain;
+        // SAFETY: nodes of kind `Future` are made only by `submit_async`, from an `AsyncJob<K>`.
+        let AsyncJob { task, parking } = unsafe { task.into_job::<AsyncJob<K>>() };
+        let first = parking.is_none();
+        let parking = parking.unwrap_or_else(|| Parking::new(self.shared, entry_ptr));
+        let put_back = |task, parking| {
+            let job = AsyncJob {
+                task,
+                parking: Some(parking),
+            };
+            let node = TaskRef::new(job, Kind::Future, None);
+            // SAFETY: we own the chain; the node is new and ours.
+            unsafe { chain.unpop(node.into_raw()) };
+        };
+        self.slot
+            .current
+            .store(entry_ptr.as_ptr() as usize, Ordering::Relaxed);
+        if !self.slot.phase.enter_running() {
+            // `shutdown_now`: as for a task (`run_chain`), the future goes back and the chain
+            // to the others.
+            let parking = if first { None } else { Some(parking) };
+            let job = AsyncJob { task, parking };
+            // SAFETY: we own the chain; the node is new and ours.
+            unsafe { chain.unpop(TaskRef::new(job, Kind::Future, None).into_raw()) };
+            self.shared.global().push(Runnable::Chain(entry_ptr));
+            return Polled::Exit;
+        }
+        if first {
+            // Started: it holds no capacity slot from now on, and counts as running until it
+            // completes.
+            self.release_capacity();
+            self.bump(|c| &c.started);
+        }
+        parking.state().begin_poll();
+        let waker = Waker::from(parking.clone());
+        let polled = {
+            let _runtime = self.shared.config().enter_runtime();
+            task.poll(&mut Context::from_waker(&waker), &|panicked| {
+                self.finish_task(panicked)
+            })
+        };
+        drop(waker);
+        let after = self.slot.phase.leave_running();
+        if polled.is_ready() {
+            parking.state().finish();
+            crate::user::drop_quietly(task);
+            return match after {
+                AfterTask::Continue => Polled::Again,
+                AfterTask::Stolen => Polled::Exit,
+                AfterTask::HandBack => {
+                    self.shared.global().push(Runnable::Chain(entry_ptr));
+                    Polled::Exit
+                }
+            };
+        }
+        if after != AfterTask::Continue {
+            // `shutdown_now` stopped us while the future was pending: a started future is
+            // cancelled (it ended, for the counters).
+            parking.state().finish();
+            self.finish_task(false);
+            task.cancel(Abandon::Cancelled);
+            crate::user::drop_quietly(task);
+            if after == AfterTask::HandBack {
+                self.shared.global().push(Runnable::Chain(entry_ptr));
+            }
+            return Polled::Exit;
+        }
+        put_back(task, parking.clone());
+        if parking.park(self.shared) {
+            Polled::Parked
+        } else {
+            Polled::Again // woken during the poll: it is at the chain's head, poll it again
         }
     }
 }
