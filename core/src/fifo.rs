@@ -1,195 +1,141 @@
-//! A lane's FIFO: many threads push, one thread at a time pops, and every item lives in a slot of
-//! a block, in push order, several to a cache line.
-//!
-//! It is what a lane of the executor needs and no more: pushers from any thread, one popper at a
-//! time (the lane's owner, whose turn passes through [`crate::lane`]'s word with Acquire/Release),
-//! and an emptiness check that anyone may make. Items are stored in the slot itself, so a reader
-//! walks memory in the order it was written and one cache line brings it several items (or one
-//! item of up to a line): no node per item, no pointer to chase.
+//! A lane's FIFO: any thread pushes, one thread at a time pops (the lane's owner, whose turn passes
+//! through [`crate::lane`]'s word with Acquire/Release), anyone may check emptiness. Items live in
+//! the slots of blocks, in push order, several to a cache line (or one of up to a line): a reader
+//! walks memory as it was written, with no node per item and no pointer to chase.
 //!
 //! # Layout
 //!
-//! Blocks of [`BLOCK`] slots, linked by `next`. A slot is a `tag` word and the item. The *tail*
-//! is a position counter plus the block it points into; the *head* likewise, owned by the popper.
-//! Positions run `lap * (BLOCK + 1) + offset`: offsets `0..BLOCK` are slots, and offset `BLOCK`
-//! is a gap that means "the last slot of this block was just taken and its taker is installing
-//! the next block".
+//! Blocks of [`BLOCK`] slots linked by `next`; a slot is a `tag` word and the item. The *tail* is a
+//! position counter plus the block it points into; the *head* likewise, the popper's. Positions run
+//! `lap * (BLOCK + 1) + offset`: offsets `0..BLOCK` are slots, and offset `BLOCK` is a gap: the
+//! block's last slot was just taken and its taker is installing the next block. A slot holds its
+//! item once its tag, the pusher's last store to it, is not 0. The tag is the caller's ([`Tag`],
+//! never 0): an item word it would otherwise store inside (a `keyserial` lane's task table pointer,
+//! so a 40-byte item and its tag make a 48-byte slot), or [`UNTAGGED`] for the plain
+//! [`push`](Fifo::push) and [`pop`](Fifo::pop). Blocks enter clean (below), so no earlier tag
+//! shows.
 //!
-//! A slot holds its item once its tag is not 0. The tag is the pusher's last store to the slot,
-//! and its value is the caller's ([`Tag`], never 0): a word of the item that the caller would
-//! otherwise store inside it (a lane of `keyserial` stores its task's table pointer there: a
-//! 40-byte item and its tag make a 48-byte slot), or [`UNTAGGED`] for the plain
-//! [`push`](Fifo::push) and [`pop`](Fifo::pop).
-//! Every block enters the FIFO with every tag 0 (see "Clean blocks"), so a tag left from an
-//! earlier use of the block never shows, and the popper clears nothing.
-//!
-//! A block starts at a cache line, so that a 64-byte slot is one line and 48-byte slots (a
-//! lane's) come four to three lines, the same way in every block. Its allocation asks only
-//! for the block's own alignment, plus room to move it up to the next line boundary (`base`
-//! remembers where the allocation starts). With the system allocator and an item aligned to at
-//! most 16 bytes that is a plain `malloc`, where glibc serves a line's alignment through
-//! `memalign`, splitting a bigger chunk and freeing its unaligned head.
+//! A block starts at a cache line (a 64-byte slot is one line, 48-byte slots come four to three
+//! lines, alike in every block); its allocation asks only for its own alignment plus room to shift
+//! it there (`base` keeps the start), which for items aligned to at most 16 bytes is a plain
+//! `malloc`, avoiding glibc's `memalign` (which splits a bigger chunk).
 //!
 //! # Spare blocks
 //!
-//! The popper does not free the blocks it empties: it pushes them onto a stack of *spares*
-//! (`spares`, linked through the blocks' own `next`), up to [`SPARES`] of them, and installers
-//! take their next block from there. A queue that drains and fills in bursts then allocates only
-//! when its backlog grows past what it held before: no allocator call (and, with glibc, no
-//! large-request path that merges every small chunk freed since) per block in the steady state.
+//! The popper does not free a block it empties: it gives it to a stack of *spares* (`spares`,
+//! linked through `next`), whence installers take theirs, so a FIFO that drains and fills in bursts
+//! allocates only when its backlog outgrows what it held before.
 //!
-//! A block the popper empties while the spares are full goes to its *excess list* (`excess`,
-//! the popper's alone, linked through `next`; past its bound, below, it is freed), which it
-//! frees when it next finds the FIFO empty: the blocks of a backlog are handed back all
-//! at once, after the backlog, not one per [`BLOCK`] items while it drains. With glibc each of those frees merges the block with its
-//! free neighbours, and once the merged chunk reaches 64 KiB it sweeps every small chunk freed
-//! into that arena since the last sweep (the boxed tasks the workers freed): measured, half
-//! the allocator's time on the workers while a boxed backlog drained (BENCHMARKS.md, run AA).
-//! While the excess list has blocks, the popper tops the spares up from it to [`SPARES`]
-//! after each block it gives up, so that a backlog that grows again reuses
-//! them.
+//! - **Givers push** (the popper, a block it emptied; a pusher, one it allocated for an install it
+//!   lost): write the block's `next` (the stack below), then CAS the top to it (Release).
+//! - `spare_count` (raised before a give's CAS, lowered after a take's) keeps the stack near
+//!   [`SPARES`]: past it, a losing pusher frees its block and the popper puts its own on its excess
+//!   list.
+//! - **Only the installer takes**, one at a time: the pusher whose CAS took a block's last slot
+//!   pops the stack *after* its CAS (read the top, Acquire; its `next`; CAS the top to that,
+//!   Acquire), and each lap's install happens before the position enters the lap (Release/Acquire),
+//!   so the next take follows this one. Nobody else pops a block on the stack and its `next` does
+//!   not change there, so a top that reads `X` still has `X`'s `next` below: no ABA. A pusher that
+//!   sees no spare before its CAS allocates before it (an installer's wait holds up every pusher)
+//!   and gives the block if it loses; one that finds the spare it saw gone allocates after.
 //!
-//! The excess list's bound is the backlog's peak: each time the popper gives up a block with
-//! the spares full, it reads the tail (on the line it just read the spares' count from) and
-//! notes the most blocks it has seen in the backlog, the one it gives up included (`peak`, its
-//! own; forgotten when a pop finds the FIFO empty). The list holds at most that many blocks,
-//! or [`EXCESS`] if more. The drain of a backlog pushed while the list was empty so frees
-//! nothing while it runs, however long: the list never needs more than the blocks that were
-//! in the backlog when the spares filled. And the list cannot pile up: it stays within the
-//! largest backlog since the FIFO was last found empty. It can hold blocks while a new burst
-//! allocates, though: installers take only from the spares, which the popper refills from the
-//! list one block given up at a time, so a burst that outruns the popper by more than
-//! [`SPARES`] blocks allocates beside the list, and the next drain, past the bound, frees
-//! blocks one at a time again. A FIFO so holds the blocks in use, at most [`SPARES`] spares,
-//! and at most `max(EXCESS, peak)` excess blocks until a pop finds it empty and frees them in
-//! one go. A FIFO never found empty keeps the blocks of its largest backlog, as a growable
-//! array keeps its largest capacity.
+//! The popper's *excess list* (`excess`, its alone, linked through `next`) holds the blocks it
+//! empties while the spares are full, and is freed when a pop finds the FIFO empty: a backlog's
+//! blocks go back at once, after it, not one per [`BLOCK`] items during the drain, which keeps
+//! glibc's sweep of freed boxed tasks off the drain (measured: run AA, in BENCHMARKS.md's history).
+//! After each block it gives up, the popper refills the spares from the list to [`SPARES`], for a
+//! backlog that grows again. The popper never allocates: only a pusher whose spares ran out does
+//! (its backlog outgrew the FIFO's blocks or outran the refills), in its own arena, where it reuses
+//! the memory of tasks already run rather than a worker's fresh page (measured: BENCHMARKS.md, runs
+//! AC and AD).
 //!
-//! - **Givers push** (any thread): write the block's `next` (the stack below it), then CAS the
-//!   top to the block (Release). The givers are the popper, with a block it emptied, and a
-//!   pusher that allocated a block for an install it then lost to another pusher.
-//! - **Only the installer takes**, and installers take one at a time: the pusher whose CAS took a
-//!   block's last slot pops the stack *after* its CAS (read the top, Acquire; read its `next`;
-//!   CAS the top to that `next`, Acquire). Each install of a lap happens before the position
-//!   enters that lap (Release/Acquire on the position), so the next installer's take happens
-//!   after this one's. A block on the stack is never popped by anyone else, and its `next` does
-//!   not change while it is there, so a top that reads `X` still has `X`'s `next` below it: no
-//!   ABA. (A pusher that sees an empty stack before its CAS allocates before it, as an
-//!   installer's wait holds up every pusher of the lane; if it then loses, it gives the block.)
-//! - `spare_count` counts the stack (raised before a give's CAS, lowered after a take's), so the
-//!   stack stays near [`SPARES`]: past it, the popper puts the block on its excess list (or frees
-//!   it, when that is full too), and a pusher frees the block it lost an install with.
-//! - **The popper refills it:** after giving up a block it moves excess blocks to the stack, up
-//!   to [`SPARES`]. It allocates none: new blocks are the installers' (above), so they come from
-//!   the pushing thread's arena. Before the excess list, the popper also allocated new blocks
-//!   to keep four spares, so that the pushing thread rarely allocated: with glibc a request of
-//!   a block's size first merges every small chunk freed into its arena since the last such
-//!   request, and a submitter's arena collects exactly those (its boxed tasks, freed by the
-//!   workers). With the excess list a pusher allocates only when the spares run out (its
-//!   backlog outgrew the blocks the FIFO holds, or outran the popper's refills), and then the
-//!   submitter's arena is the better place: the block
-//!   reuses the memory of the tasks already run, where a block from a worker's arena is a fresh
-//!   page. Measured without the popper's allocations (BENCHMARKS.md, "This round (runs AC and
-//!   AD)"): boxed W3 faster in 12 of 13 alternations, with 3.6 MiB less peak RSS growth at the
-//!   median; boxed W5 and the closure rows level or faster.
+//! The list's bound is the backlog's peak: giving up a block with the spares full, the popper reads
+//! the tail (on the line it just read the count from) and keeps in `peak` (its own; reset when a
+//! pop finds the FIFO empty) the most blocks it has seen in the backlog, this one included. The
+//! list holds at most that many, or [`EXCESS`] if more; a block past that is freed. So draining a
+//! backlog pushed while the list was empty frees nothing however long it runs (it needs no more
+//! than the backlog's blocks when the spares filled), and the list stays within the largest backlog
+//! since the FIFO was last found empty. But a new burst may allocate beside the list: installers
+//! take only from the spares, refilled one given-up block at a time, so a burst that outruns the
+//! popper by more than [`SPARES`] blocks allocates, and the next drain, past the bound, frees block
+//! by block. A FIFO so holds its blocks in use, at most [`SPARES`] spares and `max(EXCESS, peak)`
+//! excess blocks until a pop finds it empty; one never found empty keeps its largest backlog's
+//! blocks, as a growable array its capacity.
 //!
 //! # Clean blocks
 //!
-//! A block is *clean* when every tag in it is 0, and only clean blocks enter the FIFO:
-//! [`Fifo::new`]'s first block and every block an installer links in. A new block is made
-//! clean; a spare was used before, and its installer clears its tags after taking it from the
-//! stack and before publishing it (storing the tail block, then moving the position past the
-//! gap). Those are plain stores through the installer's exclusive access: the block is off the
-//! stack, its last user (the popper that gave it up) finished before the give (Release) that
-//! the take acquired, and nobody else can reach it before it is published. Then:
-//!
-//! - every pusher of the new lap reserves its slot after the position moved (Acquire), so its
-//!   tag store comes after the clearing;
-//! - the popper reaches the block through `next`, which the installer links after the clearing
-//!   and before it writes its own slot, the old block's last; the popper reads `next` after
-//!   that slot's tag (Acquire), so its loads of the new block's tags come after the clearing
-//!   too.
-//!
-//! So a tag the popper reads is 0 or one stored in this lap. Clearing costs the installer one
-//! store per slot, to the lines this lap's pushers are about to write anyway; with one pusher,
-//! the installer, it brings those lines to its cache a little earlier. The popper pays nothing
-//! (before tags, each slot's word was a position stamp `p + 1` and needed no clearing; an item
-//! word doubling as the tag saves 8 bytes a slot, at one store per slot on the install).
+//! A block is *clean* when all its tags are 0; only clean blocks enter the FIFO ([`Fifo::new`]'s
+//! first, each one an installer links in). A new block is made clean; a spare's installer clears
+//! its tags between taking and publishing it (storing the tail block, then moving the position past
+//! the gap), with plain stores, as it has the block to itself: it is off the stack, its last user
+//! (the popper that gave it up) finished before the give (Release) the take acquired, and nobody
+//! reaches it unpublished. Then pushers of the new lap reserve after the position moved (Acquire),
+//! so their tag stores follow the clearing; the popper reaches the block through `next`, linked
+//! after the clearing and before the installer writes its own slot (the old block's last), and
+//! reads `next` after that slot's tag (Acquire), so its tag loads follow the clearing too. A tag
+//! the popper reads is so 0 or this lap's. Clearing, the price of a tag that is an item word (8
+//! bytes a slot saved), is one installer store per slot, to lines this lap's pushers will write
+//! anyway; the popper clears nothing.
 //!
 //! # Protocol
 //!
-//! - **Push** (any thread). Read the tail position (Acquire), then the tail block (Acquire).
-//!   - Offset `BLOCK`: another pusher is installing the next block; wait and read again.
-//!   - Otherwise reserve the slot with a CAS of the position `p -> p + 1` (`SeqCst`; a failed CAS
-//!     reads the new position and the block again). Only after its CAS succeeds does a pusher
-//!     touch the block it read.
-//!   - The pusher that took the last slot (offset `BLOCK - 1`, which left the position at the gap)
-//!     installs the next block (a spare taken after its CAS, or, if it saw no spare, one it
-//!     allocated before its CAS, or one it allocates after it if the spare it saw was taken
-//!     meanwhile; see "Spare blocks"), clean (see "Clean blocks"): it stores the tail block
-//!     (Release), then moves the position past the gap to the next lap's offset 0 (Release; nobody
-//!     else moves the position while it is at the gap), then links `next` from the old block
-//!     (Release). Only then does it write its own slot.
-//!   - Writing the slot: the item (built only now by [`Fifo::push_with`]'s `make`, which must
-//!     not unwind: the popper waits for the slot, so an unwinding `make` aborts), then the
-//!     tag (Release; never 0). That store is the pusher's last access to the block.
-//!
-//!   The common case (an open FIFO, a slot that is not its block's last, a CAS that succeeds
-//!   at once) is inline in every push; any other case starts over from the first read, out of
-//!   line (`reserve_slow`).
-//!
-//!   Why the block a pusher read is the right one: the tail block is stored *before* the
-//!   position enters its lap, so a pusher that read position `p` (Acquire) reads that lap's
-//!   block or a later one; a later one means the position moved on, and then its CAS from `p`
-//!   fails. Positions only grow, so a successful CAS from `p` proves the block it read is `p`'s.
-//! - **Close** (any thread, [`Fifo::close`]): `fetch_or` of the position's top bit
-//!   (`SeqCst`). A pusher that reads the bit refuses and hands its item back unbuilt
-//!   ([`Fifo::try_push_with`]); a reserving CAS from a position without the bit fails once the
-//!   bit is set, so every reservation is either before the close in the position's
-//!   modification order (its item is in the FIFO) or refused. The installer moves the position
-//!   past the gap with an add, not a store, so a close that lands while the position is at the
-//!   gap is kept. Everything that compares positions masks the bit off.
-//! - **Pop** (only the popper, [`Fifo::pop`] is `unsafe` for that). Compare the head position with
-//!   the tail's: equal means empty. The popper compares with the tail it read last (`tail_seen`,
-//!   its own), and reads the tail again (Acquire) only when the head has caught up with that *and*
-//!   finds the head's slot not yet written (a written slot is proof enough that the tail is past
-//!   it; a block is clean when it enters the FIFO, so no tag is stale): a tail once read stays
-//!   reserved, and a written slot needs no tail, so while items flow the popper does not pull the
-//!   pushers' line to its core at every pop. Otherwise the head's slot was reserved; wait until its
-//!   tag is not 0 (Acquire: the item and, for a last slot, the `next` link are visible), read the
-//!   item, and advance the head (a Release store: a reader that sees the old head only thinks the
-//!   FIFO is longer than it is). After the last slot of a block the popper follows `next` (stored
-//!   before that slot was written), skips the gap, and gives the old block to the spares (or, when
-//!   they are full, to its excess list, or frees it; see "Spare blocks").
-//! - **Peek** (only the popper, [`Fifo::peek_with`]). Read the head's slot as a pop does (its
-//!   tag Acquire, not 0, or nothing), lend the item to the caller's closure, and move nothing:
-//!   no head store, no block given up. The item stays for the next pop, which reads the same
-//!   tag; the closure may neither pop nor pass the turn, so the borrowed slot
-//!   and its block outlive it. Loom: `a_peek_sees_what_the_next_pop_takes`.
+//! - **Push** (any thread). Read the tail position, then the tail block (both Acquire). At offset
+//!   `BLOCK` another pusher is installing: wait and reread. Otherwise reserve the slot by a CAS of
+//!   the position `p -> p + 1` (`SeqCst`; a failure rereads both); only after it succeeds does the
+//!   pusher touch the block it read. The one that took the last slot (offset `BLOCK - 1`, leaving
+//!   the position at the gap) installs the next block ("Spare blocks"), clean ("Clean blocks"): it
+//!   stores the tail block (Release), moves the position past the gap to the next lap's offset 0
+//!   (Release; nobody else moves it at the gap), links `next` from the old block (Release), then
+//!   writes its own slot. Writing a slot: the item (built only now by [`Fifo::push_with`]'s `make`,
+//!   which must not unwind: the popper waits for the slot, so unwinding aborts), then the tag
+//!   (Release; never 0), the pusher's last access to the block. The block read is the right one:
+//!   the tail block is stored *before* the position enters its lap, so a pusher that read position
+//!   `p` (Acquire) reads that lap's block or a later one, and a later one means the position moved
+//!   on and the CAS from `p` fails. Positions only grow, so a successful CAS from `p` proves the
+//!   block is `p`'s.
+//! - **Close** (any thread, [`Fifo::close`]): `fetch_or` of the position's top bit (`SeqCst`). A
+//!   pusher that reads it refuses, handing its item back unbuilt ([`Fifo::try_push_with`]); a
+//!   reserving CAS from a position without the bit fails once it is set, so every reservation
+//!   precedes the close in the position's modification order (its item is in) or is refused. The
+//!   installer passes the gap with an add, not a store, keeping a close that lands at the gap.
+//!   Position comparisons mask the bit off.
+//! - **Pop** (only the popper; [`Fifo::pop`] is `unsafe` for that). Empty when the head position
+//!   equals the tail's, as the popper last read it (`tail_seen`, its own); it rereads the tail
+//!   (Acquire) only if the head caught up with it *and* the head's slot is unwritten (a written
+//!   slot proves the tail is past it; blocks enter clean, so no tag is stale): a tail once read
+//!   stays reserved, so while items flow the popper does not pull the pushers' line to its core
+//!   each pop. Otherwise the slot was reserved: wait for its tag to be non-0 (Acquire: the item
+//!   and, for a last slot, `next` are visible), read the item, advance the head (a Release store: a
+//!   reader of the old head only thinks the FIFO longer). After a block's last slot, follow `next`
+//!   (stored before that slot was written), skip the gap, and give the old block up (to the spares,
+//!   else the excess list, else freed).
+//! - **Peek** (only the popper, [`Fifo::peek_with`]): read the head's slot as a pop does (its tag
+//!   Acquire, non-0, or nothing) and lend the item to the caller's closure, moving nothing (no head
+//!   store, no block given up), so the next pop reads the same tag. The closure may neither pop nor
+//!   pass the turn, so slot and block outlive it. Loom: `a_peek_sees_what_the_next_pop_takes`.
 //!
 //! # Why nothing is lost, doubled or freed early
 //!
-//! - A slot is reserved by exactly one successful CAS, so exactly one pusher writes it; the
-//!   popper reads it once, after its tag (Release/Acquire), and the head passes it. Its tag
-//!   is 0 until then (the block entered clean), so the popper never reads it early.
-//! - Per pusher, its items take increasing positions; the popper reads positions in order. So
-//!   the pop order is the order in which the CASes succeeded, which respects each thread's push
-//!   order (and any order established between pushes by happens-before).
-//! - A block is given up (to the spares, to the popper's excess list, or freed) by the popper after
-//!   it read every slot of the block, that is after every pusher of the block stored its tag (its
-//!   last access). A pusher whose CAS failed never touched the block. So nobody uses a block after
-//!   it is given up, until an installer takes it from the spares (Acquire), cleans it and links it
-//!   in as new. The excess list (with its length and `peak`) is touched by the popper alone, whose
-//!   turn passes with Release/Acquire, so its `Relaxed` loads and stores need nothing more. The
-//!   popper's `Relaxed` read of the tail in `retire` only sizes the list's bound: a stale value
-//!   keeps or frees one block more or less, never one in use.
-//! - Emptiness, [`Fifo::is_empty`]: two `SeqCst` loads (head, then tail). A push's reserving CAS
-//!   is `SeqCst` too, so a thread that fences `SeqCst` after its push
-//!   and a thread that fences before its emptiness check cannot both miss each other (the lane's
-//!   wake protocol relies on that, as on crossbeam's `SegQueue`, whose indices behave the same).
+//! - One successful CAS reserves a slot, so one pusher writes it; the popper reads it once, after
+//!   its tag (Release/Acquire), and the head passes it. The tag is 0 until then (the block entered
+//!   clean), so the popper never reads it early.
+//! - Each pusher's items take increasing positions, and the popper reads positions in order: pops
+//!   follow the order in which the CASes succeeded, which respects each thread's push order (and
+//!   any happens-before order between pushes).
+//! - The popper gives a block up (to the spares, its excess list, or the allocator) after reading
+//!   all its slots, so after every pusher of it stored its tag, its last access; a pusher whose CAS
+//!   failed never touched it. So nobody uses a given-up block until an installer takes it from the
+//!   spares (Acquire), cleans it and links it in as new. The excess list, its length and `peak` are
+//!   the popper's alone, whose turn passes with Release/Acquire, so `Relaxed` suffices for them;
+//!   its `Relaxed` tail read in `retire` only sizes the bound: a stale value keeps or frees one
+//!   block more or less, never one in use.
+//! - Emptiness, [`Fifo::is_empty`]: two `SeqCst` loads (head, then tail). The reserving CAS is
+//!   `SeqCst` too, so a thread that fences `SeqCst` after its push and one that fences before its
+//!   emptiness check cannot both miss each other (the lane's wake protocol relies on that, as on
+//!   crossbeam's `SegQueue`, whose indices behave alike).
 //!
-//! The model in `loom/tests/fifo.rs` runs this code with 2-slot blocks: pushers racing each other
-//! across block installs, against a popper, and the popper's turn handed between threads.
+//! The model in `loom/tests/fifo.rs` runs this code with 2-slot blocks: pushers racing across block
+//! installs, against a popper, and the popper's turn handed between threads.
 
 #[cfg(loom)]
 use alloc::boxed::Box;
