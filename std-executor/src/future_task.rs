@@ -30,18 +30,22 @@
 //!
 //! | transition | by |
 //! |---|---|
-//! | `RUNNABLE -> POLLING` (store) | the chain's owner, before polling ([`WakeState::begin_poll`]); it owns the chain, so no waker can be taking the park |
+//! | `RUNNABLE`/`NOTIFIED -> POLLING` (swap) | the chain's owner, before polling ([`WakeState::begin_poll`]); it owns the chain, so no waker can be taking the park |
+//! | `RUNNABLE -> RUNNABLE`, `NOTIFIED -> NOTIFIED` (CAS) | a waker while a poll is coming: changes nothing, but is an RMW |
 //! | `POLLING -> NOTIFIED` (CAS) | a waker during the poll |
 //! | `POLLING -> PARKED` (CAS) | the owner after `Pending`, once the wait is registered ([`WakeState::try_park`]); fails on `NOTIFIED`: the owner takes the wait back and polls again |
 //! | `PARKED -> RUNNABLE` (CAS) | a waker ([`WakeState::wake`] returns `true`): it alone reschedules the chain, through the wait's hand-off (`Handoff::grant`), which `shutdown_now`'s steal may have won first |
 //! | `-> DONE` (store) | the owner at completion, or whoever cancels the future |
 //!
-//! Every transition that a waker and the owner race on is a CAS on the word, so each wake either
+//! Every access that a waker and the owner race on is an RMW on the word (a wake that changes
+//! nothing still CASes the value it read), so they are totally ordered, and each wake either
 //! lands during the poll (the owner sees `NOTIFIED` and polls again) or after the park (the waker
 //! moves `PARKED -> RUNNABLE` and reschedules). Exactly one of them goes on with the future: no
 //! wake is lost, and the chain is never scheduled twice, so the future is never polled by two
-//! threads at once. A wake in `RUNNABLE`, `NOTIFIED` or `DONE` does nothing: a poll is coming,
-//! or none is needed. A waker after the serializer is gone finds no serializer to schedule on and
+//! threads at once. A wake in `RUNNABLE` or `NOTIFIED` changes nothing: a poll is coming, and
+//! its `begin_poll` swap comes after the wake's RMW, so it sees what the waker did before
+//! waking (with a plain store and a load instead, that would be a store-then-load race and a
+//! lost wakeup). A wake in `DONE` does nothing. A waker after the serializer is gone finds no serializer to schedule on and
 //! does nothing. The wait is stored in the parking *before* the `POLLING -> PARKED` CAS (Release;
 //! the waker's CAS is Acquire), so the waker that wins the park finds it. Loom:
 //! `loom/tests/future.rs`.
@@ -92,9 +96,11 @@ impl WakeState {
         WakeState(AtomicU8::new(RUNNABLE))
     }
 
-    /// The chain's owner is about to poll (`RUNNABLE` or `NOTIFIED` -> `POLLING`).
+    /// The chain's owner is about to poll (`RUNNABLE` or `NOTIFIED` -> `POLLING`): a swap, so
+    /// that a wake that found `RUNNABLE` (its no-op RMW, below) is ordered before it and what
+    /// that waker did before waking is seen by this poll.
     pub fn begin_poll(&self) {
-        self.0.store(POLLING, Ordering::Release);
+        self.0.swap(POLLING, Ordering::AcqRel);
     }
 
     /// The owner got `Pending` and has registered the wait: `POLLING -> PARKED`. `false`: a
@@ -115,13 +121,17 @@ impl WakeState {
             let to = match s {
                 POLLING => NOTIFIED,
                 PARKED => RUNNABLE,
+                // A poll is coming: still an RMW (of the same value), so it is ordered with
+                // that poll's `begin_poll` swap (no store-then-load race between the waker's
+                // event and the poller's look at it).
+                RUNNABLE | NOTIFIED => s,
                 _ => return false,
             };
             match self
                 .0
                 .compare_exchange(s, to, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return to == RUNNABLE,
+                Ok(_) => return s == PARKED,
                 Err(actual) => s = actual,
             }
         }
@@ -149,11 +159,11 @@ pub(crate) struct FutureCell<Fut: Future> {
     /// `None` once done. Locked only by the one poller at a time (the protocol above), so never
     /// contended; the lock makes the cell `Sync` for a `Send` future.
     fut: Mutex<Option<Pin<Box<Fut>>>>,
-    join: Arc<JoinState<Fut::Output>>,
+    join: crate::sync::Arc<JoinState<Fut::Output>>,
 }
 
 impl<Fut: Future> FutureCell<Fut> {
-    pub(crate) fn new(fut: Fut, join: Arc<JoinState<Fut::Output>>) -> Self {
+    pub(crate) fn new(fut: Fut, join: crate::sync::Arc<JoinState<Fut::Output>>) -> Self {
         FutureCell {
             fut: Mutex::new(Some(Box::pin(fut))),
             join,

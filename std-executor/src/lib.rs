@@ -244,6 +244,7 @@ pub use stats::Stats;
 pub mod loom_api {
     pub use crate::capacity::Capacity;
     pub use crate::deferral::loom_hooks as deferral;
+    pub use crate::future_task::WakeState;
     pub use crate::gate::{Gate, Ticket};
     pub use crate::idle_word::{IdleWord, Reap};
     pub use crate::lanes::loom_hooks as lanes;
