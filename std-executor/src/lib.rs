@@ -47,38 +47,21 @@
 //! # drop(fut);
 //! ```
 //!
-//! Until futures are tasks of their own (planned: a future that waits holds no worker), run the
-//! future to completion *inside* the task with a `block_on` (`futures::executor::block_on`,
-//! `pollster::block_on`, or `tokio::runtime::Handle::block_on` from a handle captured outside).
-//! Order is kept, at a cost: **the task holds its worker thread for as long as the future
-//! waits**, exactly like a blocking call. Give the serializer spare threads
-//! ([`Builder::max_workers`]) if many keys wait at once.
+//! Submit the future itself with [`Serializer::submit_async`] instead: it is a task of the key
+//! like a closure (the key's next task starts only after the future completes), polled on the
+//! serializer's workers, and while it waits **it holds no worker thread**.
 //!
 //! ```
-//! # use std::future::Future;
-//! # use std::sync::Arc;
-//! # use std::task::{Context, Poll, Wake, Waker};
-//! # /// A minimal `block_on` (use `futures::executor::block_on` or `pollster` in real code).
-//! # fn block_on<F: Future>(fut: F) -> F::Output {
-//! #     struct Unpark(std::thread::Thread);
-//! #     impl Wake for Unpark {
-//! #         fn wake(self: Arc<Self>) { self.0.unpark() }
-//! #     }
-//! #     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-//! #     let mut fut = std::pin::pin!(fut);
-//! #     loop {
-//! #         match fut.as_mut().poll(&mut Context::from_waker(&waker)) {
-//! #             Poll::Ready(v) => return v,
-//! #             Poll::Pending => std::thread::park(),
-//! #         }
-//! #     }
-//! # }
 //! use keyserial::Serializer;
 //! let s: Serializer<u32> = Serializer::new();
-//! // RIGHT: the whole future runs inside the task, in key 1's order (holding a worker meanwhile).
-//! let h = s.submit(1, || block_on(async { "body ran in order" })).unwrap();
+//! // RIGHT: the whole future runs as a task of key 1, in its order.
+//! let h = s.submit_async(1, async { "body ran in order" }).unwrap();
 //! assert_eq!(h.join().unwrap(), "body ran in order");
 //! ```
+//!
+//! With Cargo feature `tokio`, `Builder::tokio_handle` lets those futures use tokio's timers
+//! and sockets. A future that needs a key's per-key data can get it from a closure task of the
+//! key that hands it over (`submit`, then `submit_async` with what it returned).
 //!
 //! ## ⚠ A task must never wait for a later task of its own key
 //!
