@@ -359,3 +359,98 @@ fn keys_sharing_a_lane_are_shared_with_an_idle_worker() {
         tasks * keys.len()
     );
 }
+
+/// A future pending until its sender fires (from any thread), then ready with the value sent.
+struct Oneshot(Arc<Mutex<(Option<u32>, Option<std::task::Waker>)>>);
+
+impl std::future::Future for Oneshot {
+    type Output = u32;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<u32> {
+        let mut g = self.0.lock().unwrap();
+        match g.0.take() {
+            Some(v) => std::task::Poll::Ready(v),
+            None => {
+                g.1 = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
+    }
+}
+
+fn oneshot() -> (Oneshot, impl Fn(u32)) {
+    let shared: Arc<Mutex<(Option<u32>, Option<std::task::Waker>)>> = Arc::default();
+    let s = shared.clone();
+    let fire = move |v| {
+        let w = {
+            let mut g = s.lock().unwrap();
+            g.0 = Some(v);
+            g.1.take()
+        };
+        if let Some(w) = w {
+            w.wake();
+        }
+    };
+    (Oneshot(shared), fire)
+}
+
+#[test]
+fn futures_wait_without_a_worker_and_are_woken_from_another_thread() {
+    let s = serializer(1);
+    let mut fires = Vec::new();
+    let mut handles = Vec::new();
+    for k in 0..KEYS {
+        let (fut, fire) = oneshot();
+        fires.push(fire);
+        handles.push(s.submit_async(k, fut).unwrap());
+    }
+    // The one worker is free while every future waits: a closure of another key runs.
+    assert_eq!(s.submit(KEYS, || 5).unwrap().join().unwrap(), 5);
+    let waker_thread = std::thread::spawn(move || {
+        for (k, fire) in fires.into_iter().enumerate() {
+            fire(k as u32 * 10);
+        }
+    });
+    for (k, h) in handles.into_iter().enumerate() {
+        assert_eq!(h.join().unwrap(), k as u32 * 10);
+    }
+    waker_thread.join().unwrap();
+    s.shutdown();
+    assert!(s.await_termination(Duration::from_secs(10)));
+    let st = s.stats();
+    assert_eq!((st.queued, st.running), (0, 0));
+}
+
+#[test]
+fn shutdown_now_cancels_a_pending_future_and_hands_back_the_rest() {
+    let s = serializer(1);
+    let drops = Drops::default();
+    let (fut, fire) = oneshot();
+    let captured = drops.make(0);
+    let started = s
+        .submit_async(1, async move {
+            let _keep = captured;
+            fut.await
+        })
+        .unwrap();
+    // The future has been polled once it is running.
+    while s.stats().running == 0 {
+        std::thread::yield_now();
+    }
+    let behind = s.submit_async(1, async { 7 }).unwrap();
+    let pending = s.shutdown_now();
+    assert_eq!(pending.len(), 1);
+    assert!(matches!(started.join(), Err(TaskError::Cancelled)));
+    assert_eq!(drops.count(), 1, "the started future was dropped, once");
+    for p in pending {
+        p.run();
+    }
+    assert_eq!(behind.join().unwrap(), 7);
+    fire(1); // a wake after the cancellation does nothing
+    assert!(s.await_termination(Duration::from_secs(10)));
+    let st = s.stats();
+    assert_eq!((st.queued, st.running), (0, 0));
+}

@@ -20,9 +20,10 @@ pub struct Stats {
     pub active_keys: usize,
     /// Tasks admitted and not yet started.
     pub queued: usize,
-    /// Tasks running now.
+    /// Tasks running now (a started future that is pending counts as running).
     pub running: usize,
-    /// Tasks that finished running (panicked ones included).
+    /// Tasks that finished running (panicked ones included, and started futures that
+    /// `shutdown_now` cancelled).
     pub completed: u64,
     /// Tasks that panicked, and tasks failed because their key's `Hash`, `Eq` or `Clone`
     /// panicked on a worker (see [Panics in user code](crate::Serializer#panics-in-user-code)).
