@@ -125,7 +125,8 @@ where
         self
     }
 
-    /// The most worker threads, core plus elastic (at least `workers`).
+    /// The most worker threads, core plus elastic (at least `workers`). Set alone, it also caps
+    /// the default `workers` (one per core): `max_workers(4)` on an 8-core machine builds 4.
     ///
     /// ```
     /// let s = keyserial::Builder::<u8>::new().workers(1).max_workers(4).build().unwrap();
@@ -214,20 +215,35 @@ where
     /// invalid. `build` calls this first.
     pub(crate) fn checked(&self) -> Result<(usize, usize), BuildError> {
         let err = |kind| Err(BuildError::invalid(kind));
-        let workers = self.workers.unwrap_or_else(|| {
+        let cores = || {
             std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1)
-        });
+        };
+        // Only `max_workers` set: the default core count, but never above it.
+        let workers = match (self.workers, self.max_workers) {
+            (Some(w), _) => w,
+            (None, Some(max)) => cores().min(max),
+            (None, None) => cores(),
+        };
         if workers == 0 {
             return err(BuildErrorKind::ZeroWorkers);
         }
         let max_workers = self.max_workers.unwrap_or(workers);
         if max_workers < workers {
-            return err(BuildErrorKind::MaxWorkersBelowWorkers);
+            return Err(BuildError::with_message(
+                BuildErrorKind::MaxWorkersBelowWorkers,
+                format!("max_workers ({max_workers}) must be at least workers ({workers})"),
+            ));
         }
         if max_workers > 4096 {
-            return err(BuildErrorKind::TooManyWorkers);
+            return Err(BuildError::with_message(
+                BuildErrorKind::TooManyWorkers,
+                format!("max_workers ({max_workers}) must be at most 4096"),
+            ));
+        }
+        if self.thread_name.contains('\0') {
+            return err(BuildErrorKind::InvalidThreadName);
         }
         if self.fairness_budget == 0 {
             return err(BuildErrorKind::ZeroFairnessBudget);
@@ -252,7 +268,9 @@ where
     /// threads ([`TooManyWorkers`](crate::BuildErrorKind::TooManyWorkers)), `fairness_budget(0)`
     /// ([`ZeroFairnessBudget`](crate::BuildErrorKind::ZeroFairnessBudget)), `capacity(0)`
     /// ([`ZeroCapacity`](crate::BuildErrorKind::ZeroCapacity)), or a thread the operating system would
-    /// not start ([`ThreadSpawn`](crate::BuildErrorKind::ThreadSpawn)).
+    /// not start ([`ThreadSpawn`](crate::BuildErrorKind::ThreadSpawn)), or a `thread_name` with a NUL byte
+    /// ([`InvalidThreadName`](crate::BuildErrorKind::InvalidThreadName)). A bound error names the
+    /// values involved.
     ///
     /// ```
     /// use keyserial::{BuildErrorKind, Builder};

@@ -316,6 +316,30 @@ impl<F> fmt::Display for Rejected<F> {
 
 impl<F> std::error::Error for Rejected<F> {}
 
+/// The reason alone is an error too (`Send + Sync + 'static` whatever the task), for `?` into
+/// error types that need `Sync` (`anyhow::Error`, `Box<dyn Error + Send + Sync>`) when the task
+/// is not `Sync`:
+///
+/// ```
+/// use keyserial::{RejectReason, Serializer};
+/// fn run(s: &Serializer<u8>) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+///     let cell = std::cell::Cell::new(1); // the closure is not `Sync`, so neither is `Rejected<F>`
+///     s.submit(1, move || cell.get()).map_err(RejectReason::from)?;
+///     Ok(())
+/// }
+/// let s: Serializer<u8> = Serializer::new();
+/// s.shutdown();
+/// assert_eq!(run(&s).unwrap_err().to_string(), "the serializer is shut down");
+/// ```
+impl std::error::Error for RejectReason {}
+
+impl<F> From<Rejected<F>> for RejectReason {
+    /// The reason, dropping the task.
+    fn from(r: Rejected<F>) -> RejectReason {
+        r.reason
+    }
+}
+
 /// Why [`Builder::build`](crate::Builder::build) failed: an invalid setting, or the operating
 /// system refused to start a thread. Match on [`kind`](Self::kind); the message
 /// ([`Display`](fmt::Display)) says the same in words.
@@ -359,6 +383,8 @@ pub enum BuildErrorKind {
     /// The operating system refused to start a worker thread; [`source`](std::error::Error::source)
     /// is the `io::Error`.
     ThreadSpawn,
+    /// `thread_name` contains a NUL byte, which no thread name may hold.
+    InvalidThreadName,
 }
 
 impl BuildError {
@@ -370,10 +396,16 @@ impl BuildError {
             BuildErrorKind::ZeroFairnessBudget => "fairness_budget must be at least 1",
             BuildErrorKind::ZeroCapacity => "capacity must be at least 1",
             BuildErrorKind::ThreadSpawn => "could not start worker threads",
+            BuildErrorKind::InvalidThreadName => "thread_name must not contain a NUL byte",
         };
+        Self::with_message(kind, message.to_string())
+    }
+
+    /// An invalid setting, with a message that names the values involved.
+    pub(crate) fn with_message(kind: BuildErrorKind, message: String) -> Self {
         BuildError {
             kind,
-            message: message.to_string(),
+            message,
             source: None,
         }
     }

@@ -93,6 +93,18 @@ fn task_errors_convert_with_question_mark_and_keep_the_payload() {
 }
 
 #[test]
+fn max_workers_alone_caps_the_default_worker_count() {
+    // Whatever the core count, `max_workers(1)` alone builds one worker, not an error.
+    let s = Builder::<u8>::new().max_workers(1).build().unwrap();
+    assert_eq!(s.stats().workers, 1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let s = Builder::<u8>::new().max_workers(64).build().unwrap();
+    assert_eq!(s.stats().workers, cores.min(64));
+}
+
+#[test]
 fn each_invalid_builder_value_has_its_own_build_error_kind() {
     use keyserial::BuildErrorKind as Kind;
     let cases = [
@@ -104,12 +116,12 @@ fn each_invalid_builder_value_has_its_own_build_error_kind() {
         (
             Builder::<u8>::new().workers(4).max_workers(2),
             Kind::MaxWorkersBelowWorkers,
-            "max_workers must be at least workers",
+            "max_workers (2) must be at least workers (4)",
         ),
         (
             Builder::<u8>::new().workers(1).max_workers(5000),
             Kind::TooManyWorkers,
-            "max_workers must be at most 4096",
+            "max_workers (5000) must be at most 4096",
         ),
         (
             Builder::<u8>::new().capacity(0),
@@ -120,6 +132,11 @@ fn each_invalid_builder_value_has_its_own_build_error_kind() {
             Builder::<u8>::new().fairness_budget(0),
             Kind::ZeroFairnessBudget,
             "fairness_budget must be at least 1",
+        ),
+        (
+            Builder::<u8>::new().thread_name("a\0b"),
+            Kind::InvalidThreadName,
+            "thread_name must not contain a NUL byte",
         ),
     ];
     for (builder, kind, message) in cases {
