@@ -136,17 +136,9 @@ where
                     }
                     crate::sync::snooze(&backoff);
                 }
-                let items = lane.deferrals.take_all();
-                out.extend(
-                    items
-                        .into_iter()
-                        .map(|i| PendingTask::new(Some(i.key), i.task.into_task())),
-                );
                 // SAFETY: the loop above took the lane for good (as `STOPPER`): nobody else
                 // pops it any more.
-                while let Some((key, task)) = unsafe { lane.pop_unhashed() } {
-                    out.push(PendingTask::new(Some(key), task.into_task()));
-                }
+                unsafe { worker::lane_items(lane, None, &mut out) };
             }
         }
         // 5. What workers handed back meanwhile: the lanes whose owner left a task after step

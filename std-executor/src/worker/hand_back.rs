@@ -9,6 +9,7 @@
 
 use super::WorkerLoop;
 use crate::lane_task::Item;
+use crate::lanes::Lane;
 use crate::pending::PendingTask;
 use crate::task::TaskRef;
 
@@ -26,15 +27,11 @@ where
     /// its own key holds that key's earlier items) and before the queued ones.
     pub(super) fn hand_back_lane_with(&self, l: usize, held: Option<Item<K>>) {
         let lane = self.shared.lanes().get(l);
-        let mut items = lane.deferrals.take_all();
-        items.extend(held);
-        let mut back: Vec<_> = items.into_iter().map(pending).collect();
+        let mut back = Vec::new();
         // SAFETY: this worker owns lane `l`: every caller passes the lane it holds (a lane
         // whose task ended `Kept`, the lane `run_direct` was called for, or the lane `serve`
         // pops).
-        while let Some((key, task)) = unsafe { lane.pop_unhashed() } {
-            back.push(PendingTask::new(Some(key), task.into_task()));
-        }
+        unsafe { lane_items(lane, held, &mut back) };
         self.shared.lifecycle().hand_back_lane_items(&mut back);
         lane.word.release(self.index);
     }
@@ -49,6 +46,28 @@ where
         self.shared
             .lifecycle()
             .hand_back(PendingTask::new(None, task));
+    }
+}
+
+/// Everything a lane holds, in its keys' order, onto `out`: its deferrals' items (popped before
+/// the rest; a key's deferral holds that key's earlier items), then `held` (an item its owner
+/// popped and did not route), then its queued items. For a stopped owner and for
+/// `shutdown_now`, which takes every lane for good.
+///
+/// # Safety
+///
+/// The caller owns `lane` (as its owner, or as `shutdown_now`'s `STOPPER`), so it is the lane's
+/// only popper.
+pub(crate) unsafe fn lane_items<K: std::hash::Hash>(
+    lane: &Lane<K>,
+    held: Option<Item<K>>,
+    out: &mut Vec<PendingTask<K>>,
+) {
+    out.extend(lane.deferrals.take_all().into_iter().map(pending));
+    out.extend(held.map(pending));
+    // SAFETY: the caller's contract.
+    while let Some((key, task)) = unsafe { lane.pop_unhashed() } {
+        out.push(PendingTask::new(Some(key), task.into_task()));
     }
 }
 

@@ -366,3 +366,4 @@ where
 
 pub(crate) use chain::drain_chain;
 pub(crate) use find::steal_into;
+pub(crate) use hand_back::lane_items;
