@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::error::{BuildError, BuildErrorKind};
 use crate::serializer::Serializer;
+use crate::shared::Config;
 
 /// Configures and builds a [`Serializer`](crate::Serializer).
 ///
@@ -280,6 +281,49 @@ where
     /// ```
     pub fn build(self) -> Result<Serializer<K>, BuildError> {
         let (workers, max_workers) = self.checked()?;
-        Serializer::start(self, workers, max_workers).map_err(BuildError::spawn)
+        let config = Config {
+            workers,
+            max_workers,
+            worker_keep_alive: self.worker_keep_alive,
+            key_idle_timeout: self.key_idle_timeout,
+            fairness_budget: self.fairness_budget,
+            thread_name: self.thread_name,
+            #[cfg(feature = "tokio")]
+            tokio: self.tokio,
+        };
+        Serializer::start(config, self.capacity).map_err(BuildError::spawn)
+    }
+}
+
+/// The two ways to a serializer, on `Serializer` (here, beside the builder they use, so that the
+/// serializer's own module does not depend on the builder).
+impl<K> Serializer<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// A serializer with the default settings (one worker per available core).
+    ///
+    /// # Panics
+    /// If the operating system refuses to start the worker threads (see [`Builder::build`] for
+    /// a `Result` instead).
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<u64> = keyserial::Serializer::new();
+    /// assert!(s.stats().workers >= 1);
+    /// ```
+    pub fn new() -> Self {
+        Builder::new()
+            .build()
+            .expect("keyserial: could not start worker threads")
+    }
+
+    /// A [`Builder`] to configure a serializer.
+    ///
+    /// ```
+    /// let s = keyserial::Serializer::<u64>::builder().workers(2).build().unwrap();
+    /// assert_eq!(s.stats().workers, 2);
+    /// ```
+    pub fn builder() -> Builder<K> {
+        Builder::new()
     }
 }

@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use crossbeam_deque::Worker;
 
-use crate::builder::Builder;
 use crate::error::{RejectReason, Rejected};
 use crate::handle::TaskHandle;
 use crate::key::Runnable;
@@ -34,7 +33,7 @@ use crate::worker::{self};
 /// Tasks submitted with the same key run one at a time, in the order their submissions returned
 /// `Ok`; tasks of different keys run in parallel, and a slow or blocked task delays only its own
 /// key. Any number of keys may be used; a key that goes quiet is released as soon as it drains,
-/// or after [`key_idle_timeout`](Builder::key_idle_timeout).
+/// or after [`key_idle_timeout`](crate::Builder::key_idle_timeout).
 ///
 /// Two ways to lose that order or that progress (see the [crate docs](crate)): a closure that
 /// returns a future (`|| async { .. }`) only *creates* the future, whose body then runs out of
@@ -170,57 +169,20 @@ impl<K> Serializer<K>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
 {
-    /// A serializer with the default settings (one worker per available core).
-    ///
-    /// # Panics
-    /// If the operating system refuses to start the worker threads (see [`Builder::build`] for
-    /// a `Result` instead).
-    ///
-    /// ```
-    /// let s: keyserial::Serializer<u64> = keyserial::Serializer::new();
-    /// assert!(s.stats().workers >= 1);
-    /// ```
-    pub fn new() -> Self {
-        Builder::new()
-            .build()
-            .expect("keyserial: could not start worker threads")
-    }
-
-    /// A [`Builder`] to configure a serializer.
-    ///
-    /// ```
-    /// let s = keyserial::Serializer::<u64>::builder().workers(2).build().unwrap();
-    /// assert_eq!(s.stats().workers, 2);
-    /// ```
-    pub fn builder() -> Builder<K> {
-        Builder::new()
-    }
-
-    pub(crate) fn start(
-        b: Builder<K>,
-        workers: usize,
-        max_workers: usize,
-    ) -> std::io::Result<Self> {
+    /// Starts a serializer with the checked settings `config` and queue bound `capacity`
+    /// (`Builder::build`).
+    pub(crate) fn start(config: Config, capacity: Option<usize>) -> std::io::Result<Self> {
+        let (workers, max_workers) = (config.workers, config.max_workers);
         let parkers: Vec<Parker> = (0..max_workers).map(|_| Parker::new()).collect();
         let unparkers = parkers.iter().map(|p| p.unparker().clone()).collect();
         let deques: Vec<Worker<Runnable<K>>> =
             (0..max_workers).map(|_| Worker::new_fifo()).collect();
-        let config = Config {
-            workers,
-            max_workers,
-            worker_keep_alive: b.worker_keep_alive,
-            key_idle_timeout: b.key_idle_timeout,
-            fairness_budget: b.fairness_budget,
-            thread_name: b.thread_name,
-            #[cfg(feature = "tokio")]
-            tokio: b.tokio,
-        };
         let owned = deques
             .into_iter()
             .zip(parkers)
             .map(|(deque, parker)| Owned { deque, parker })
             .collect();
-        let shared = Arc::new(Shared::new(config, b.capacity, unparkers, owned));
+        let shared = Arc::new(Shared::new(config, capacity, unparkers, owned));
         let serializer = Serializer {
             shared,
             gave_up: AtomicBool::new(false),
