@@ -6,7 +6,9 @@
 //!
 //! Checked in every interleaving: the event is seen by some poll (no lost wakeup), the future
 //! completes exactly once, it is never rescheduled while its owner still polls it (never polled
-//! by two threads at once), and a wake after completion does nothing.
+//! by two threads at once), a wake after completion does nothing, and a wake racing
+//! `shutdown_now` for a parked future's chain (through the real wait registry) hands the chain
+//! to exactly one of them.
 #![cfg(loom)]
 
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -121,5 +123,49 @@ fn a_wake_after_completion_does_nothing() {
         let late = thread::spawn(move || w.state.wake());
         assert!(!late.join().unwrap(), "nothing to reschedule");
         assert_eq!(m.completed.load(Ordering::SeqCst), 1);
+    });
+}
+
+#[test]
+fn shutdown_now_racing_a_wake_of_a_parked_future_takes_it_exactly_once() {
+    use keyserial::loom_api::WaitRegistry;
+    // The owner has parked the future (the wait registered, `try_park` done); a waker and
+    // `shutdown_now` race for the chain: the waker through `wake` and then the wait's grant (as
+    // `Parking::wake_by_ref` does), `shutdown_now` through `steal_all`.
+    loom::model(|| {
+        let m = Arc::new(Model::default());
+        let registry: Arc<WaitRegistry<u32>> = Arc::new(WaitRegistry::new());
+        let wait = registry.register(7);
+        m.state.begin_poll();
+        assert!(m.state.try_park());
+        let rescheduled = Arc::new(AtomicUsize::new(0));
+        let (m2, r2, w2, res2) = (
+            m.clone(),
+            registry.clone(),
+            wait.clone(),
+            rescheduled.clone(),
+        );
+        let waker = thread::spawn(move || {
+            m2.event.store(true, Ordering::Relaxed);
+            if m2.state.wake() {
+                r2.grant(&w2, |_| {
+                    res2.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        let stolen = AtomicUsize::new(0);
+        registry.steal_all(|_| {
+            stolen.fetch_add(1, Ordering::SeqCst);
+        });
+        waker.join().unwrap();
+        let (s, r) = (
+            stolen.load(Ordering::SeqCst),
+            rescheduled.load(Ordering::SeqCst),
+        );
+        assert_eq!(
+            s + r,
+            1,
+            "the chain went to exactly one of them (stolen {s}, rescheduled {r})"
+        );
     });
 }
