@@ -1,4 +1,4 @@
-//! Configuration of a [`Serializer`](crate::Serializer).
+//! Configuration of a [`Serializer`].
 
 use std::fmt;
 use std::hash::Hash;
@@ -9,7 +9,7 @@ use crate::error::{BuildError, BuildErrorKind};
 use crate::serializer::Serializer;
 use crate::shared::Config;
 
-/// Configures and builds a [`Serializer`](crate::Serializer).
+/// Configures and builds a [`Serializer`].
 ///
 /// | setting | default | meaning |
 /// |---|---|---|

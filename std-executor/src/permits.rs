@@ -6,7 +6,7 @@
 //! The worker that owns a chain pops a permit-gated task. If `try_acquire` succeeds, it runs the
 //! task holding the permits. Otherwise it puts the task back at the front (`unpop`), registers a
 //! wait ([`WaitRegistry::register`], hand-off word `WAITING`) in the serializer's registry
-//! ([`PermitWaits`], `Shared::permit_waits`), and calls the semaphore's cancellable
+//! ([`PermitWaits`](crate::permit_wait::PermitWaits), `Shared::permit_waits`), and calls the semaphore's cancellable
 //! `acquire_with`; from that call on, the chain's `ACTIVE` baton belongs to the wait, and the
 //! worker never touches the chain again. Pushes to the key keep queueing behind the parked task
 //! (the chain stays `ACTIVE`, so nobody schedules it), while other keys keep running. The worker
@@ -20,10 +20,11 @@
 //!   two competing CASes and return the [`Winner`]; [`Handoff::mark_scheduled`] and
 //!   [`Handoff::wait_scheduled`] close the gap between a won grant and its chain being visible on
 //!   a ready queue.
-//! - [`WaitRegistry`]: the map of parked waits (and their id counter) under one mutex;
+//! - [`WaitRegistry`](crate::permit_wait::WaitRegistry): the map of parked waits (and their id counter) under one mutex;
 //!   [`WaitRegistry::grant`] is the callback's whole sequence, [`WaitRegistry::steal_all`] is
 //!   `shutdown_now`'s. A wait carries a [`Parked`] value here (the key entry and the semaphore
-//!   request).
+//!   request). A pending future's parked chain uses the same registry and hand-off, with no
+//!   semaphore request: its waker plays the grant callback (`future_task.rs`).
 //!
 //! Exactly one of two parties takes the baton from the wait, decided by one CAS on its word:
 //!
@@ -40,7 +41,7 @@
 //!
 //! # Loom models
 //!
-//! `loom/tests/permits.rs` checks the real [`Handoff`] and [`WaitRegistry`] (through
+//! `loom/tests/permits.rs` checks the real [`Handoff`] and [`WaitRegistry`](crate::permit_wait::WaitRegistry) (through
 //! `keyserial::loom_api`), with a stand-in chain, permit count and ready queue:
 //!
 //! - `grant_racing_steal_hands_the_baton_to_exactly_one`: a grant callback holding a permit

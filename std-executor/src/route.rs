@@ -19,7 +19,8 @@
 //! - Otherwise it **goes onto the key's chain**, behind what is there: a plain item of a key
 //!   whose chain is active (a task of the key is queued or running there, or a permit wait holds
 //!   it), every permit-gated item (its chain parks while it waits for permits, holding the key
-//!   without holding a worker), and the item of a *hot* key that a lane's owner moves off the
+//!   without holding a worker), every future (its chain parks while it is pending,
+//!   `future_task.rs`), and the item of a *hot* key that a lane's owner moves off the
 //!   lane (`worker/serve.rs`, "Fairness in a lane") or sheds to an idle sibling (`worker/serve.rs`,
 //!   "Sharing a lane with an idle worker"). The router makes the entry if there is none,
 //!   raising the lane's tracked count first. The chain runs from the ready queues as before.

@@ -1,4 +1,4 @@
-//! Type-erased task nodes: one allocation per task (from [`nodes`](crate::nodes)'s recycled
+//! Type-erased task nodes: one allocation per task (from [`nodes`]'s recycled
 //! size classes) holding the chain link, a vtable, the task's kind and the job itself; a
 //! permit-gated task's node also carries its permit request (`Gated`).
 //!

@@ -1,5 +1,5 @@
-//! Running what the ready queues hold: a key's chain, drained under the fairness budget, or an
-//! unkeyed task.
+//! Running what the ready queues hold: a key's chain, drained under the fairness budget (its
+//! futures polled there, `future_task.rs`), or an unkeyed task.
 //!
 //! # Draining and fairness
 //!

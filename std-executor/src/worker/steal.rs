@@ -17,7 +17,7 @@ where
     /// task with items waiting, or one still `FREE` with items waiting (its home worker never
     /// came: it may be stuck in a task of another lane). The criterion is progress, and nobody
     /// waits for it: a busy worker looks between its own turns, an idle one between its spins
-    /// and naps ([`POLL`] while any lane has items).
+    /// and naps ([`POLL`](crate::lanes::POLL) while any lane has items).
     pub(super) fn lane_stuck_since_last_look(&mut self) -> Option<usize> {
         let now = std::time::Instant::now();
         if now.duration_since(self.watched_at) < STEAL_AFTER {
