@@ -52,10 +52,12 @@
 //! | pop of the last node | the owner | `node | ACTIVE -> ACTIVE` (CAS, the *swing*) | if it fails, a push replaced `node` and is about to link behind it: wait for the link |
 //! | [`try_release`](Chain::try_release) | the owner | `ACTIVE -> 0` (CAS) | fails if a node is queued: still the owner |
 //! | [`try_retire`](Chain::try_retire) | anyone | `0 -> RETIRED` (CAS) | fails unless idle |
+//! | [`try_claim`](Chain::try_claim) | anyone | `0 -> ACTIVE` (CAS) | fails unless idle: the caller holds the baton of an empty chain |
 //!
 //! *Ownership* of `ACTIVE` is a baton. It is created by the one push that moves the word from `0`
 //! to `ACTIVE` ([`Pushed::Activated`]): that pusher, and only it, must hand the chain to a worker
-//! (put it on a ready queue). Whoever holds the baton may pass it on (queue → worker → queue …)
+//! (put it on a ready queue). A [`try_claim`](Chain::try_claim) creates it too, for a chain with
+//! nothing queued: an executor holds an idle key that way without a task (a paused key). Whoever holds the baton may pass it on (queue → worker → queue …)
 //! and is the only party that may touch `head`, take `first`, or call the `unsafe` owner methods.
 //! The baton disappears only by a successful [`try_release`](Chain::try_release).
 //!
@@ -107,6 +109,7 @@
 //! | owner's load of `n.next` / `first` | `Acquire` | pairs with the link store. |
 //! | swing CAS, success | `Release` | the next push to replace the null tail acquires it (see the push row); failure `Relaxed`, the owner then acquires the link. |
 //! | [`try_release`](Chain::try_release) CAS | `Release` | the next owner (an activating push, or a retirer) acquires it. |
+//! | [`try_claim`](Chain::try_claim) CAS | `Acquire` | the claimer becomes the owner, as an activating push does: it must see the last owner's release. |
 //! | [`try_retire`](Chain::try_retire) CAS | `AcqRel` | acquires the last owner's release, so whoever unlinks and frees the chain after retiring it happens-after the last owner. |
 //!
 //! Passing the baton on through a ready queue relies on the queue's own release/acquire.
@@ -816,6 +819,33 @@ impl<N: Linked> Chain<N> {
     pub fn try_retire(&self) -> bool {
         self.state
             .compare_exchange(0, RETIRED, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Takes the baton of an idle chain with nothing queued: `CAS(0 -> ACTIVE)`. Returns `true` if
+    /// this call made the caller the chain's owner (as an activating push would, but with the
+    /// chain empty); `false` if the chain is owned, non-empty or retired. While the caller holds
+    /// the baton, pushes queue behind it and the chain cannot be retired; the caller gives it up
+    /// as any owner does ([`try_release`](Chain::try_release), or by handing the chain to a
+    /// worker). Wait-free.
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{Chain, BoxNode, Pushed};
+    /// let chain: Chain<BoxNode<u8>> = Chain::new();
+    /// assert!(chain.try_claim());
+    /// assert!(!chain.try_claim()); // owned
+    /// assert!(!chain.try_retire()); // an owned chain stays live
+    /// assert_eq!(chain.push_value(1), Ok(Pushed::Queued)); // queued behind the claim
+    /// // SAFETY: the claim made us the owner.
+    /// unsafe {
+    ///     assert_eq!(chain.pop_value(), Some(1));
+    ///     assert!(chain.try_release());
+    /// }
+    /// ```
+    #[must_use = "if the claim succeeded the caller owns the chain"]
+    pub fn try_claim(&self) -> bool {
+        self.state
+            .compare_exchange(0, ACTIVE, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
     }
 

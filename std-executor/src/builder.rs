@@ -6,6 +6,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::error::{BuildError, BuildErrorKind};
+use crate::policy::PanicPolicy;
 use crate::serializer::Serializer;
 use crate::shared::Config;
 
@@ -20,6 +21,7 @@ use crate::shared::Config;
 /// | [`fairness_budget`](Self::fairness_budget) | 64 | tasks of one key a worker runs before it lets other keys go first |
 /// | [`capacity`](Self::capacity) | unbounded | queued (not running) tasks; `submit` blocks and `try_submit` refuses when full |
 /// | [`thread_name`](Self::thread_name) | `"keyserial"` | worker thread name prefix (`name-0`, `name-1`, …) |
+/// | [`panic_policy`](Self::panic_policy) | [`Continue`](PanicPolicy::Continue) | what a panicking task does to its key's later tasks |
 ///
 /// ```
 /// use std::time::Duration;
@@ -43,6 +45,7 @@ pub struct Builder<K> {
     pub(crate) fairness_budget: usize,
     pub(crate) capacity: Option<usize>,
     pub(crate) thread_name: String,
+    pub(crate) panic_policy: PanicPolicy,
     /// The tokio runtime whose context workers enter while they poll futures.
     #[cfg(feature = "tokio")]
     pub(crate) tokio: Option<tokio::runtime::Handle>,
@@ -59,6 +62,7 @@ impl<K> fmt::Debug for Builder<K> {
             .field("fairness_budget", &self.fairness_budget)
             .field("capacity", &self.capacity)
             .field("thread_name", &self.thread_name)
+            .field("panic_policy", &self.panic_policy)
             .finish()
     }
 }
@@ -73,6 +77,7 @@ impl<K> Default for Builder<K> {
             fairness_budget: 64,
             capacity: None,
             thread_name: "keyserial".to_string(),
+            panic_policy: PanicPolicy::Continue,
             #[cfg(feature = "tokio")]
             tokio: None,
             _key: PhantomData,
@@ -212,6 +217,28 @@ where
         self
     }
 
+    /// What a panicking task does to its key (default [`PanicPolicy::Continue`]: the key goes
+    /// on with its next task). With [`PanicPolicy::PauseKey`] the key is paused, before the
+    /// panicking task's handle resolves, until [`Serializer::resume`]: an ordered stream's later
+    /// events never run past a failed one (a dead-letter hook: inspect, fix, resume, or
+    /// `cancel_key`).
+    ///
+    /// ```
+    /// use keyserial::{Builder, PanicPolicy, TaskError};
+    /// let s = Builder::<u32>::new().panic_policy(PanicPolicy::PauseKey).build().unwrap();
+    /// let failed = s.submit(7, || -> u32 { panic!("bad event") }).unwrap();
+    /// assert!(matches!(failed.join(), Err(TaskError::Panicked(_))));
+    /// let next = s.submit(7, || 2).unwrap(); // queued behind the pause
+    /// std::thread::sleep(std::time::Duration::from_millis(20));
+    /// assert!(!next.is_finished());
+    /// s.resume(&7);
+    /// assert_eq!(next.join().unwrap(), 2);
+    /// ```
+    pub fn panic_policy(mut self, policy: PanicPolicy) -> Self {
+        self.panic_policy = policy;
+        self
+    }
+
     /// The worker counts (`workers`, `max_workers`) of a valid configuration, or why it is
     /// invalid. `build` calls this first.
     pub(crate) fn checked(&self) -> Result<(usize, usize), BuildError> {
@@ -288,6 +315,7 @@ where
             key_idle_timeout: self.key_idle_timeout,
             fairness_budget: self.fairness_budget,
             thread_name: self.thread_name,
+            panic_policy: self.panic_policy,
             #[cfg(feature = "tokio")]
             tokio: self.tokio,
         };

@@ -261,6 +261,7 @@ where
         let wait = shared.permit_waits().register(Parked {
             entry: self.entry,
             token: Mutex::new(None),
+            why: crate::permit_wait::ParkedFor::Future,
         });
         *lock(&self.wait) = Some(wait.clone());
         if self.state.try_park() {

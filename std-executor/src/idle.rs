@@ -70,7 +70,7 @@ unsafe fn retire_unlink<K>(
     garbage: &mut Garbage<K>,
     retire: impl FnOnce(&KeyState) -> bool,
 ) where
-    K: std::hash::Hash + Eq + Send + Sync + 'static,
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     // SAFETY: the caller's contract is `retire_take`'s.
     if let Some(taken) = unsafe { shared.table().retire_take(entry, guard, retire) } {
@@ -91,16 +91,26 @@ fn released<K>(
     garbage: &mut Garbage<K>,
     now: &mut u64,
 ) where
-    K: std::hash::Hash + Eq + Send + Sync + 'static,
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     // SAFETY: the guard was pinned before the release, so the entry stays allocated while it is
     // held even if another thread retires and unlinks it now.
     let entry = unsafe { entry_ptr.as_ref() };
     let timeout = shared.config().key_idle_timeout.as_millis() as u64;
     if timeout == 0 {
+        let mut paused = false;
         // SAFETY: every entry the executor handles comes from its one table, and `try_retire`
         // succeeds only on the idle-to-retired transition.
-        unsafe { retire_unlink(shared, entry, guard, garbage, |ks| ks.chain.try_retire()) };
+        unsafe {
+            retire_unlink(shared, entry, guard, garbage, |ks| {
+                paused = !ks.control.may_retire();
+                !paused && ks.chain.try_retire()
+            })
+        };
+        if paused {
+            // SAFETY: the guard, pinned before the release, keeps the entry alive.
+            unsafe { crate::key_control::park_idle(shared, entry_ptr) };
+        }
         return;
     }
     if *now == 0 {
@@ -127,7 +137,7 @@ fn released<K>(
 /// entry of `shared.table()`.
 pub(crate) unsafe fn release_drained<K>(shared: &Shared<K>, entry_ptr: NonNull<KeyEntry<K>>)
 where
-    K: std::hash::Hash + Eq + Send + Sync + 'static,
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     // Pinned before the release: from then on others may retire the entry.
     let guard = shared.pin();
@@ -162,12 +172,20 @@ fn reap_front<K>(
     timeout: u64,
     force: bool,
 ) where
-    K: std::hash::Hash + Eq + Send + Sync + 'static,
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     let Some(item) = fifo.pop_front() else { return };
     // SAFETY: we hold the key's only idle item, so nobody else retires (and frees) it.
     let entry = unsafe { item.entry.as_ref() };
     let mut outcome = Reap::Dropped;
+    if !entry.value().control.may_retire() {
+        // A paused key is never released (`control.rs`): its item is dropped and its idle
+        // chain parked instead (a chain active again is parked by its owner).
+        entry.value().idle.drop_item();
+        // SAFETY: we held the key's idle item until now, under `guard`.
+        unsafe { crate::key_control::park_idle(shared, item.entry) };
+        return;
+    }
     // SAFETY: every entry the executor handles comes from its one table, and `reap` answers
     // `Retired` only when its `try_retire` made the idle-to-retired transition.
     unsafe {
@@ -193,7 +211,7 @@ fn reap<K>(
     now: u64,
     all: bool,
 ) where
-    K: std::hash::Hash + Eq + Send + Sync + 'static,
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     let timeout = shared.config().key_idle_timeout.as_millis() as u64;
     let guard = epoch.pin();
@@ -217,7 +235,7 @@ pub(crate) struct IdleKeys<K> {
 
 impl<K> IdleKeys<K>
 where
-    K: std::hash::Hash + Eq + Send + Sync + 'static,
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     pub(crate) fn new() -> Self {
         IdleKeys {

@@ -37,6 +37,12 @@ impl IdleWord {
         self.0.swap((now << 1) | QUEUED, Ordering::AcqRel) & QUEUED == 0
     }
 
+    /// The holder of the key's idle item drops it without retiring the key (a paused key,
+    /// `control.rs`): a later release queues a new one.
+    pub fn drop_item(&self) {
+        self.0.fetch_and(!QUEUED, Ordering::AcqRel);
+    }
+
     /// The holder of the key's idle item, at `now`, with the idle `timeout` (`force`: ignore the
     /// time, as at shutdown): retire the key if it stayed idle long enough, keep the item if it was
     /// released again since, or drop the item if the key is active.

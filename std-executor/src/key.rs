@@ -6,6 +6,7 @@ use std::ptr::NonNull;
 use keyserial_core::chain::Chain;
 use keyserial_core::table::{Entry, Retire};
 
+use crate::control::Control;
 use crate::idle_word::IdleWord;
 use crate::lanes::TrackToken;
 use crate::sync::AtomicBool;
@@ -22,6 +23,8 @@ pub(crate) struct KeyState {
     /// written only by the key's router; a stale read only changes which order-safe path an
     /// item takes.
     pub(crate) shed: AtomicBool,
+    /// Whether the key is paused, and the wait that holds its parked chain (`control.rs`).
+    pub(crate) control: Control,
     /// Counts the key in its lane's tracked keys while the state lives.
     _track: TrackToken,
 }
@@ -32,6 +35,7 @@ impl KeyState {
             chain: Chain::new(),
             idle: IdleWord::new(),
             shed: AtomicBool::new(false),
+            control: Control::new(),
             _track: track,
         }
     }

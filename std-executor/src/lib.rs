@@ -141,10 +141,10 @@
 //
 // | group | modules |
 // |---|---|
-// | the facade | `serializer/` (`mod`: the type and its submit methods; `admit`: admission; `shutdown`: the shutdown family and `Drop`), `builder`, `stats`, `error`, `pending` |
+// | the facade | `serializer/` (`mod`: the type and its submit methods; `admit`: admission; `keys`: per-key control; `shutdown`: the shutdown family and `Drop`), `builder`, `policy`, `stats`, `error`, `pending` |
 // | shared state | `shared` (the routing state, behind accessors; the counts, summed in `Shared::tally`), `lifecycle` (flags, termination, threads, hand-backs, behind one lock), `slot` (a worker's slot), `sync` (std or loom) |
 // | the lane path (every keyed task) | `lanes`, `lane_task` (a task in a lane's slot), `route` (run it or queue it on its key's chain), `deferral` (a key deferred when its lane is taken over), `latest_cells` (`submit_latest`), `claims` (`submit_distinct`), `gate` (admission of unkeyed and latest tasks), `capacity` |
-// | the chain path (keys with state) | `key` (a key's entry and state), `idle`, `idle_word` (idle release), `permits`, `permit_wait` (permit-gated tasks) |
+// | the chain path (keys with state) | `key` (a key's entry and state), `idle`, `idle_word` (idle release), `permits`, `permit_wait` (permit-gated tasks), `control` (a key's pause word), `key_control` (pause and resume on the entry, chain and wait registry) |
 // | workers | `worker/` (its `mod.rs` lists its rooms), `phase` (what `shutdown_now` may take), `sleep` (parking without lost wakeups), `supervisor` (the elastic pool) |
 // | tasks and handles | `task/` (type-erased task nodes), `nodes`, `slab` (their recycled memory), `handle` (`TaskHandle`), `user` (the one boundary for user code: where it runs, what a panic in it does) |
 // | the extras | `semaphore/`, `distinct/` (`DistinctQueue`) |
@@ -161,6 +161,7 @@
 mod builder;
 mod error;
 mod pending;
+mod policy;
 mod serializer;
 mod stats;
 
@@ -183,9 +184,11 @@ mod loom_fifo;
 mod route;
 
 // The chain path.
+mod control;
 mod idle;
 mod idle_word;
 mod key;
+mod key_control;
 mod permit_wait;
 mod permits;
 
@@ -217,6 +220,7 @@ pub use distinct::{Batch, DistinctQueue, Take};
 pub use error::{BuildError, BuildErrorKind, PanicPayload, RejectReason, Rejected, TaskError};
 pub use handle::TaskHandle;
 pub use pending::PendingTask;
+pub use policy::PanicPolicy;
 pub use semaphore::{Acquire, AcquireError, Permit, Semaphore};
 pub use serializer::Serializer;
 pub use stats::Stats;
@@ -226,6 +230,7 @@ pub use stats::Stats;
 #[doc(hidden)]
 pub mod loom_api {
     pub use crate::capacity::Capacity;
+    pub use crate::control::{Control, Resumed};
     pub use crate::deferral::loom_hooks as deferral;
     pub use crate::future_task::WakeState;
     pub use crate::gate::{Gate, Ticket};

@@ -117,6 +117,11 @@ impl<T> PermitWait<T> {
         &self.value
     }
 
+    /// The wait's id (from 1, in registration order).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// The wait's hand-off word.
     #[cfg(any(loom, test))]
     pub fn handoff(&self) -> &Handoff {
@@ -187,6 +192,11 @@ impl<T> WaitRegistry<T> {
         Winner::Grant
     }
 
+    /// The registered wait with id `id`, if it is still registered.
+    pub fn get(&self, id: u64) -> Option<Arc<PermitWait<T>>> {
+        lock(&self.waits).map.get(&id).cloned()
+    }
+
     /// Removes `wait` from the registry; `false` if it was not there (any more).
     pub fn remove(&self, wait: &PermitWait<T>) -> bool {
         lock(&self.waits).map.remove(&wait.id).is_some()
@@ -196,8 +206,18 @@ impl<T> WaitRegistry<T> {
     /// `stolen` is called with its value (the caller now holds the chain's baton); a wait whose
     /// grant won is waited for until its chain is on a ready queue. Returns how many waits were
     /// found granted (and waited for). Waits registered after this call started are not seen.
-    pub fn steal_all(&self, mut stolen: impl FnMut(&T)) -> usize {
-        let waits: Vec<Arc<PermitWait<T>>> = lock(&self.waits).map.values().cloned().collect();
+    pub fn steal_all(&self, stolen: impl FnMut(&T)) -> usize {
+        self.steal_where(|_| true, stolen)
+    }
+
+    /// [`steal_all`](WaitRegistry::steal_all) for the waits whose value passes `which` only.
+    pub fn steal_where(&self, which: impl Fn(&T) -> bool, mut stolen: impl FnMut(&T)) -> usize {
+        let waits: Vec<Arc<PermitWait<T>>> = lock(&self.waits)
+            .map
+            .values()
+            .filter(|w| which(&w.value))
+            .cloned()
+            .collect();
         let mut granted = 0;
         for w in waits {
             match w.handoff.steal() {
@@ -288,6 +308,19 @@ mod parked {
         pub(crate) entry: NonNull<KeyEntry<K>>,
         /// The semaphore-side request, so `shutdown_now` can withdraw it from the queue.
         pub(crate) token: Mutex<Option<WaiterToken>>,
+        /// What the chain waits for.
+        pub(crate) why: ParkedFor,
+    }
+
+    /// What a parked chain waits for.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(crate) enum ParkedFor {
+        /// Its head task's permits (`permits.rs`).
+        Permits,
+        /// Its head future's waker (`future_task.rs`).
+        Future,
+        /// The key's `resume` (`control.rs`).
+        Pause,
     }
 
     // SAFETY: the entry pointer is only dereferenced by whoever holds the chain's baton (decided by
@@ -299,4 +332,4 @@ mod parked {
     /// The serializer's registry of chains parked on permits.
     pub(crate) type PermitWaits<K> = WaitRegistry<Parked<K>>;
 }
-pub(crate) use parked::{Parked, PermitWaits};
+pub(crate) use parked::{Parked, ParkedFor, PermitWaits};

@@ -115,6 +115,7 @@ where
             let wait = shared.permit_waits().register(Parked {
                 entry,
                 token: Mutex::new(None),
+                why: crate::permit_wait::ParkedFor::Permits,
             });
             let weak = Arc::downgrade(shared);
             // From here on the baton belongs to the wait.

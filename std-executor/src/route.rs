@@ -186,17 +186,19 @@ where
 }
 
 /// Whether a plain item of a key with state `ks` goes onto the key's chain: while the chain is
-/// active (something of the key is queued or running there), or, once the key was shed, until
-/// the chain retires. A retired chain is idle and empty, so the item runs directly, as before
+/// active (something of the key is queued or running there), while the key is paused
+/// (`control.rs`: its chain's owner parks it), or, once the key was shed, until the chain
+/// retires. A retired chain is idle and empty, so the item runs directly, as before
 /// the shed; without that exception a router that found the retired entry still in the table
 /// would push, be bounced, find it again and spin until the retiring thread unlinked it.
 fn bound_for_chain(ks: &KeyState) -> bool {
-    ks.chain.is_active() || (ks.shed.load(Ordering::Relaxed) && !ks.chain.is_retired())
+    ks.chain.is_active()
+        || ((ks.shed.load(Ordering::Relaxed) || ks.control.is_paused()) && !ks.chain.is_retired())
 }
 
 /// The key's live entry, made (and counted in `lane`'s tracked keys, by its hash `hash`) if
 /// there is none.
-fn entry_for<'g, K>(
+pub(crate) fn entry_for<'g, K>(
     sh: &'g Shared<K>,
     key: &K,
     lane: usize,

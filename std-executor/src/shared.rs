@@ -32,6 +32,7 @@ pub(crate) struct Config {
     pub(crate) key_idle_timeout: Duration,
     pub(crate) fairness_budget: usize,
     pub(crate) thread_name: String,
+    pub(crate) panic_policy: crate::PanicPolicy,
     #[cfg(feature = "tokio")]
     pub(crate) tokio: Option<tokio::runtime::Handle>,
 }

@@ -6,6 +6,7 @@
 //! `Drop`).
 
 mod admit;
+mod keys;
 mod shutdown;
 
 use std::fmt;

@@ -66,6 +66,14 @@ where
             // SAFETY: we own the chain; `kind_of` reads queued nodes of a chain we own.
             let popped = unsafe { chain.pop_coalescing(|n| TaskRef::kind_of(n) == Kind::Latest) };
             let Some(p) = popped else {
+                // A paused key's drained chain stays owned, parked (`control.rs`): the key
+                // stays live and its later items queue behind the pause.
+                // SAFETY: we own the chain.
+                if ks.control.is_paused()
+                    && unsafe { crate::key_control::park(self.shared, entry_ptr) }
+                {
+                    return After::Continue;
+                }
                 let guard = self.epoch.pin();
                 // SAFETY: we own the chain.
                 if unsafe { chain.try_release() } {
@@ -90,6 +98,18 @@ where
                 task.abandon(Abandon::Superseded);
                 self.bump(|c| &c.dropped);
                 self.release_capacity();
+                continue;
+            }
+            // Paused: the task goes back, and the chain parks until `resume` (`control.rs`;
+            // read after the pop, which acquired the task's push). A future is checked in
+            // `poll_future`: a started one is the key's running task and goes on.
+            if task.kind() != Kind::Future && ks.control.is_paused() {
+                // SAFETY: we own the chain, and `task` is the node we popped last.
+                unsafe { chain.unpop(task.into_raw()) };
+                // SAFETY: we own the chain.
+                if unsafe { crate::key_control::park(self.shared, entry_ptr) } {
+                    return After::Continue;
+                }
                 continue;
             }
             if task.kind() == Kind::Future {
@@ -133,7 +153,13 @@ where
             }
             self.release_capacity();
             self.bump(|c| &c.started);
-            task.run(permit, &|panicked| self.finish_task(panicked));
+            task.run(permit, &|panicked| {
+                self.finish_task(panicked);
+                if panicked && self.pauses_on_panic() {
+                    // Before the handle resolves; this loop parks the chain at its next pop.
+                    ks.control.pause();
+                }
+            });
             ran += 1;
             match self.slot.phase.leave_running() {
                 AfterTask::Continue => {}
@@ -171,6 +197,24 @@ where
         // SAFETY: nodes of kind `Future` are made only by `submit_async`, from an `AsyncJob<K>`.
         let AsyncJob { task, parking } = unsafe { task.into_job::<AsyncJob<K>>() };
         let first = parking.is_none();
+        // SAFETY: we own the chain, so the entry is alive.
+        let control = &unsafe { entry_ptr.as_ref() }.value().control;
+        if first && control.is_paused() {
+            // Paused before it started: back at the head, unstarted, and the chain parks
+            // (`control.rs`). A started future is the key's running task and goes on.
+            let job: AsyncJob<K> = AsyncJob {
+                task,
+                parking: None,
+            };
+            // SAFETY: we own the chain; the node is new and ours.
+            unsafe { chain.unpop(TaskRef::new(job, Kind::Future, None).into_raw()) };
+            // SAFETY: we own the chain.
+            return if unsafe { crate::key_control::park(self.shared, entry_ptr) } {
+                Polled::Parked
+            } else {
+                Polled::Again
+            };
+        }
         let parking = parking.unwrap_or_else(|| Parking::new(self.shared, entry_ptr));
         let put_back = |task, parking| {
             let job = AsyncJob {
@@ -205,7 +249,10 @@ where
         let polled = {
             let _runtime = self.shared.config().enter_runtime();
             task.poll(&mut Context::from_waker(&waker), &|panicked| {
-                self.finish_task(panicked)
+                self.finish_task(panicked);
+                if panicked && self.pauses_on_panic() {
+                    control.pause();
+                }
             })
         };
         drop(waker);

@@ -304,6 +304,12 @@ where
         self.shared.release_slot();
     }
 
+    /// Whether a key whose task panicked is paused (`PanicPolicy::PauseKey`).
+    #[inline]
+    fn pauses_on_panic(&self) -> bool {
+        self.shared.config().panic_policy == crate::PanicPolicy::PauseKey
+    }
+
     fn finish_task(&self, panicked: bool) {
         if panicked {
             self.bump(|c| &c.panicked);

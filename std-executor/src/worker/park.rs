@@ -82,12 +82,21 @@ where
         if sh.lifecycle().is_stopped() {
             return true;
         }
-        if sh.lifecycle().is_shutdown()
-            && sh.lanes().is_closed()
-            && sh.gate().in_flight() == 0
-            && sh.outstanding() == 0
-            && !sh.has_visible_work()
-        {
+        let quiet = || {
+            sh.lifecycle().is_shutdown()
+                && sh.lanes().is_closed()
+                && sh.gate().in_flight() == 0
+                && !sh.has_visible_work()
+        };
+        if !quiet() {
+            return false;
+        }
+        if sh.outstanding() != 0 {
+            // What paused keys hold does not run at shutdown: it is cancelled, so that it does
+            // not hold up termination (`key_control.rs`).
+            crate::key_control::cancel_paused(sh);
+        }
+        if sh.outstanding() == 0 && quiet() {
             sh.sleep().wake_all();
             return true;
         }

@@ -310,7 +310,14 @@ where
         self.bump(|c| &c.started);
         let word = lane.map(|l| &sh.lanes().get(l).word);
         let run = word.map(|w| w.begin(self.index, hash as usize));
-        task.run(&|panicked| self.finish_task(panicked));
+        task.run(&|panicked| {
+            self.finish_task(panicked);
+            if panicked && self.pauses_on_panic() {
+                // Before the handle resolves: the key's later items, routed after this task,
+                // find it paused (`control.rs`).
+                crate::key_control::pause(sh, &key);
+            }
+        });
         let ended = word
             .zip(run)
             .map(|(w, run)| w.end(run, sh.mailbox(self.index).expect("a worker has a mailbox")));

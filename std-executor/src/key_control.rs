@@ -1,0 +1,151 @@
+//! Pause and resume in the executor: the steps of `control.rs`'s protocol on a key's entry, its
+//! chain and the registry of parked chains, for the serializer's methods, the workers
+//! (`PanicPolicy::PauseKey`, a drained chain) and the idle reaper.
+//!
+//! A paused key is tracked (it has an entry, `route.rs` sends its items onto its chain), and its
+//! chain, once whoever holds it parks it, is a registered wait ([`ParkedFor::Pause`]): the
+//! resume's grant schedules it, `shutdown_now` steals it like any parked chain (and hands its
+//! tasks back), and a graceful shutdown cancels what it holds ([`cancel_paused`]).
+
+use std::ptr::NonNull;
+
+use crate::control::Resumed;
+use crate::key::{KeyEntry, Runnable};
+use crate::permit_wait::{Parked, ParkedFor};
+use crate::route::entry_for;
+use crate::shared::Shared;
+use crate::sync::Mutex;
+use crate::task::{Abandon, TaskRef};
+
+/// Pauses `key` (see `control.rs`): makes its entry if it has none, marks it paused, and parks
+/// its chain at once if the chain is idle (else its holder parks it). Runs the key's `Hash` and
+/// `Eq` (and `Clone` for a new entry) on the calling thread.
+pub(crate) fn pause<K>(sh: &Shared<K>, key: &K)
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    let hash = sh.hash_of(key);
+    let lane = sh.lanes().index_of(hash);
+    let guard = sh.pin();
+    loop {
+        let entry = entry_for(sh, key, lane, hash, &guard);
+        let ks = entry.value();
+        ks.control.pause();
+        if ks.chain.try_claim() {
+            // SAFETY: the claim made us the chain's owner.
+            unsafe { park_or_schedule(sh, NonNull::from(entry)) };
+            return;
+        }
+        if !ks.chain.is_retired() {
+            // Owned: its holder parks it when it next pops, or releases it idle (then the
+            // key's reaper parks it instead of retiring it).
+            return;
+        }
+        // Retired under us (an idle release that came first): again, on the key's new entry.
+    }
+}
+
+/// Resumes `key`; nothing if it is not paused (or not live).
+pub(crate) fn resume<K>(sh: &Shared<K>, key: &K)
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    let guard = sh.pin();
+    let Some(entry) = sh.table().get(key, &guard) else {
+        return;
+    };
+    if let Resumed::Parked(id) = entry.value().control.resume() {
+        // Unless `shutdown_now` stole it first, the wait's grant hands us the baton.
+        if let Some(wait) = sh.permit_waits().get(id) {
+            sh.permit_waits().grant(&wait, |parked| {
+                sh.schedule(Runnable::Chain(parked.entry), None);
+            });
+        }
+    }
+}
+
+/// By the holder of `entry`'s chain: parks the chain if the key is paused; `true` if it did
+/// (the baton now belongs to the pause's wait, and the caller must not touch the chain again).
+///
+/// # Safety
+/// The caller owns `entry`'s chain (holds its baton).
+pub(crate) unsafe fn park<K>(sh: &Shared<K>, entry: NonNull<KeyEntry<K>>) -> bool
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    // SAFETY: the caller owns the chain, so the entry is alive.
+    let ks = unsafe { entry.as_ref() }.value();
+    ks.control.park(|| {
+        sh.permit_waits()
+            .register(Parked {
+                entry,
+                token: Mutex::new(None),
+                why: ParkedFor::Pause,
+            })
+            .id()
+    })
+}
+
+/// [`park`], and if the key is not paused after all, hands the chain to a worker (which drains
+/// it and releases it as usual).
+///
+/// # Safety
+/// As for [`park`].
+pub(crate) unsafe fn park_or_schedule<K>(sh: &Shared<K>, entry: NonNull<KeyEntry<K>>)
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    // SAFETY: the caller's contract.
+    if !unsafe { park(sh, entry) } {
+        sh.schedule(Runnable::Chain(entry), None);
+    }
+}
+
+/// The reaper of a paused key's idle chain (it holds the key's idle item, or released the chain
+/// itself with `key_idle_timeout` 0) found it paused: instead of retiring it, claims and parks
+/// it. If the claim fails, a push made it active again and its new owner parks it.
+///
+/// # Safety
+/// `entry` is alive: the caller holds the key's idle item or an epoch guard pinned before the
+/// chain's release.
+pub(crate) unsafe fn park_idle<K>(sh: &Shared<K>, entry: NonNull<KeyEntry<K>>)
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    // SAFETY: the caller's contract.
+    if unsafe { entry.as_ref() }.value().chain.try_claim() {
+        // SAFETY: the claim made us the owner.
+        unsafe { park_or_schedule(sh, entry) };
+    }
+}
+
+/// At a graceful shutdown, once nothing else is left to run: the tasks held by paused keys'
+/// parked chains do not run; each resolves `Cancelled` (and is counted as dropped), and the
+/// chain stays parked (the key stays paused, so anything still routed onto it is cancelled by a
+/// later call). Returns how many tasks it cancelled.
+pub(crate) fn cancel_paused<K>(sh: &Shared<K>) -> usize
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    let mut stolen = Vec::new();
+    sh.permit_waits()
+        .steal_where(|p| p.why == ParkedFor::Pause, |p| stolen.push(p.entry));
+    let mut cancelled = 0;
+    for e in stolen {
+        // SAFETY: the steal gave us the chain's baton, so the entry is alive.
+        let ks = unsafe { e.as_ref() }.value();
+        ks.control.forget_wait();
+        let mut tasks: Vec<TaskRef> = Vec::new();
+        // SAFETY: we own the chain.
+        unsafe { crate::worker::drain_chain(e.as_ref(), &mut tasks) };
+        cancelled += tasks.len();
+        sh.count_dropped_outside(tasks.len() as u64);
+        for t in tasks {
+            sh.release_slot();
+            t.abandon(Abandon::Cancelled);
+        }
+        // SAFETY: we still own the chain.
+        unsafe { park_or_schedule(sh, e) };
+    }
+    cancelled
+}
