@@ -932,6 +932,85 @@ impl<T> Fifo<T> {
         }))
     }
 
+    /// Visits, oldest first, every item whose push had reserved its slot when the call began
+    /// (waiting, as a pop does, for a pusher still writing one), without taking any: `f` gets
+    /// each item's tag and the item itself, and may change both in place (the popper's right:
+    /// nobody else reads or writes a slot once it is written). A new tag must never be 0, which
+    /// [`Tag`] rules out, and must stand for the new item as the caller's tags do. Items pushed
+    /// after the call began are not visited.
+    ///
+    /// # Safety
+    ///
+    /// As [`pop`](Self::pop): only the popper may call it. And `f` must not pop from this FIFO
+    /// or pass on the popper's turn.
+    ///
+    /// ```
+    /// use keyserial_core::fifo::{Fifo, Tag};
+    /// let q = Fifo::new();
+    /// for i in 1..=5u32 {
+    ///     q.push(i);
+    /// }
+    /// let mut seen = Vec::new();
+    /// // SAFETY: this thread is the only popper; the closure neither pops nor passes the turn.
+    /// unsafe {
+    ///     q.for_each_queued_mut(|tag, v| {
+    ///         seen.push(*v);
+    ///         if *v % 2 == 0 {
+    ///             *v *= 10; // changed in place
+    ///             *tag = Tag::new(7).unwrap();
+    ///         }
+    ///     })
+    /// };
+    /// assert_eq!(seen, [1, 2, 3, 4, 5]);
+    /// // SAFETY: as above.
+    /// let popped: Vec<_> = std::iter::from_fn(|| unsafe { q.pop_tagged() }).collect();
+    /// assert_eq!(popped.iter().map(|(_, v)| *v).collect::<Vec<_>>(), [1, 20, 3, 40, 5]);
+    /// assert_eq!(popped[1].0.get(), 7);
+    /// ```
+    pub unsafe fn for_each_queued_mut(&self, mut f: impl FnMut(&mut Tag, &mut T)) {
+        // Everything below `tail` was reserved before this load: those slots are visited. The
+        // head's block and every block after it up to the tail's stay live while the popper
+        // (the caller) does not pop: only the popper gives blocks up.
+        let tail = self.tail.end.index.load(Ordering::Acquire) & !CLOSED;
+        let mut pos = self.head.end.index.load(Ordering::Relaxed);
+        let mut block = self.head.end.block.load(Ordering::Relaxed);
+        while pos < tail {
+            let offset = pos % LAP;
+            debug_assert!(offset < BLOCK, "the walk skips every gap");
+            // SAFETY: `block` is the block of position `pos` (the head's, or the `next` of the
+            // block before, read after its last slot's tag), live as said above; `offset <
+            // BLOCK`.
+            let slot = unsafe { &(*block).slots[offset] };
+            let backoff = Backoff::new();
+            let mut tag = loop {
+                // Reserved (below the tail) but perhaps not written yet: wait, as `take` does.
+                if let Some(tag) = Tag::new(slot.tag.load(Ordering::Acquire)) {
+                    break tag;
+                }
+                snooze(&backoff);
+            };
+            let before = tag;
+            slot.value.with_mut(|p| {
+                // SAFETY: the tag (Acquire) shows this lap's write; the slot is the popper's
+                // alone from then on, and the caller is the popper; the borrow ends here.
+                f(&mut tag, unsafe { (*p).assume_init_mut() })
+            });
+            if tag != before {
+                // Only the popper reads a written slot's tag, and it is this thread.
+                slot.tag.store(tag.get(), Ordering::Relaxed);
+            }
+            if offset + 1 == BLOCK {
+                // The next block's `next` was stored before this last slot's tag, which we
+                // acquired (as in `take`); read only if the walk goes on into it.
+                // SAFETY: `block` is live (above).
+                block = unsafe { (*block).next.load(Ordering::Acquire) };
+                pos += 2; // past the gap
+            } else {
+                pos += 1;
+            }
+        }
+    }
+
     /// `pop`; only if `refill` (not when dropping) does it refill the spares after a block it
     /// empties and free the excess list when it finds the FIFO empty.
     ///
@@ -1089,6 +1168,48 @@ mod tests {
     use std::sync::atomic::AtomicUsize as StdCount;
     use std::sync::Arc;
     use std::vec::Vec;
+
+    #[test]
+    fn for_each_queued_mut_visits_across_blocks_and_changes_in_place() {
+        let q = Fifo::new();
+        let n = 3 * BLOCK + 2;
+        for i in 0..n {
+            q.push(i);
+        }
+        // SAFETY: the only popper (this thread).
+        for _ in 0..BLOCK / 2 + 1 {
+            unsafe { q.pop() };
+        }
+        let first = BLOCK / 2 + 1;
+        let mut seen = Vec::new();
+        // SAFETY: as above; the closure neither pops nor passes the turn.
+        unsafe {
+            q.for_each_queued_mut(|tag, v| {
+                seen.push(*v);
+                if *v % 3 == 0 {
+                    *v += 1000;
+                    *tag = Tag::new(2).unwrap();
+                }
+            })
+        };
+        assert_eq!(seen, (first..n).collect::<Vec<_>>());
+        // Pushed after the walk: not visited by it, popped after the others.
+        q.push(n);
+        for i in first..=n {
+            // SAFETY: as above.
+            let (tag, v) = unsafe { q.pop_tagged() }.unwrap();
+            if i % 3 == 0 && i < n {
+                assert_eq!((tag.get(), v), (2, i + 1000));
+            } else {
+                assert_eq!((tag, v), (UNTAGGED, i));
+            }
+        }
+        // SAFETY: as above.
+        assert_eq!(unsafe { q.pop() }, None);
+        // An empty FIFO: nothing to visit.
+        // SAFETY: as above.
+        unsafe { q.for_each_queued_mut(|_, _| unreachable!()) };
+    }
 
     #[test]
     fn close_refuses_later_pushes_and_keeps_earlier_ones() {

@@ -1137,3 +1137,68 @@ fn a_popper_that_saw_the_close_misses_no_accepted_push() {
         &["none accepted", "one accepted", "both accepted"],
     );
 }
+
+#[test]
+fn a_walk_racing_pushes_across_a_block_install_visits_a_prefix_and_changes_it_in_place() {
+    // One item is queued; the main thread pushes two more (three items: a block of two, and the
+    // next block, which the push that takes the first block's last slot installs) while the
+    // popper thread walks the queue, multiplying what it visits by 10, then pops everything. In every interleaving the
+    // walk visited, in order, a prefix of what was finally popped (everything reserved when it
+    // began), the pops show exactly the walk's changes, each item is popped once, and no block
+    // leaks. Outcomes: how many items the walk visited (1, 2 or 3).
+    static OUTCOMES: [StdAtomicUsize; 3] = counters!(3);
+    builder().check(|| {
+        let blocks = Blocks::start();
+        let q: Arc<Fifo<usize>> = blocks.fifo();
+        q.push(1);
+        let popper = {
+            let q = q.clone();
+            thread::spawn(move || {
+                let mut walked = Vec::new();
+                // SAFETY: this thread is the only popper; the closure neither pops nor passes
+                // the turn.
+                unsafe {
+                    q.for_each_queued_mut(|_, v| {
+                        walked.push(*v);
+                        *v *= 10;
+                    })
+                };
+                // SAFETY: as above.
+                let (popped, _) = unsafe { pop_n(&q, 3) };
+                (walked, popped)
+            })
+        };
+        q.push(2); // the first block's last slot: this push installs the next block
+        q.push(3);
+        let (walked, popped) = popper.join().unwrap();
+        assert!(
+            !walked.is_empty() && walked[0] == 1,
+            "the queued item is always visited"
+        );
+        for (i, v) in popped.iter().enumerate() {
+            match walked.get(i) {
+                Some(w) => assert_eq!(*v, w * 10, "a visited item kept its change"),
+                None => assert!(*v == 2 || *v == 3, "an unvisited item is unchanged"),
+            }
+        }
+        let mut sorted: Vec<usize> = popped
+            .iter()
+            .map(|v| if *v >= 10 { v / 10 } else { *v })
+            .collect();
+        sorted.sort_unstable();
+        assert_eq!(sorted, [1, 2, 3], "every item popped exactly once");
+        // SAFETY: as above.
+        unsafe { assert_empty(&q) };
+        drop(q);
+        blocks.assert_freed();
+        count(&OUTCOMES, walked.len() - 1);
+    });
+    assert_all_reached(
+        &OUTCOMES,
+        &[
+            "the walk saw only the item queued before",
+            "the walk saw the first racing push",
+            "the walk saw both racing pushes, across the install",
+        ],
+    );
+}
