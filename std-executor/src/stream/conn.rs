@@ -207,9 +207,12 @@ pub(crate) fn entries(v: Value) -> Result<Vec<RawEntry>, StreamError> {
     Ok(out)
 }
 
+/// One stream's part of an XREADGROUP reply: its name and entries.
+pub(crate) type StreamEntries = (Vec<u8>, Vec<RawEntry>);
+
 /// An XREADGROUP reply: per stream name, its entries. `Nil` (nothing before the timeout) is
 /// empty.
-pub(crate) fn read_reply(v: Value) -> Result<Vec<(Vec<u8>, Vec<RawEntry>)>, StreamError> {
+pub(crate) fn read_reply(v: Value) -> Result<Vec<StreamEntries>, StreamError> {
     let mut out = Vec::new();
     match v {
         Value::Nil => {}
