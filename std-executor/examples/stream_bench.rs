@@ -56,11 +56,13 @@ fn start_server() -> Server {
         .stdout(Stdio::null())
         .spawn()
         .expect("redis-server (Debian: apt-get install redis-server)");
+    // Dropped (killed and waited for) on every path from here on.
+    let server = Server(child, port);
     let url = format!("redis://127.0.0.1:{port}");
     for _ in 0..500 {
         if let Ok(mut c) = redis::Client::open(url.as_str()).and_then(|c| c.get_connection()) {
             if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                return Server(child, port);
+                return server;
             }
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -105,6 +107,9 @@ fn ms_of(data: &[u8]) -> u64 {
     std::str::from_utf8(data).unwrap().parse().unwrap()
 }
 
+/// One stream of an `XREADGROUP` reply: its name and `(id, fields)` entries.
+type StreamReply = (String, Vec<(String, Vec<(String, String)>)>);
+
 /// The plain loop: XREADGROUP a batch, run each entry in turn, XACK it.
 fn sequential(url: &str, name: &str) -> Duration {
     let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
@@ -119,7 +124,7 @@ fn sequential(url: &str, name: &str) -> Duration {
     let start = Instant::now();
     let mut done = 0;
     while done < ENTRIES {
-        let reply: Vec<(String, Vec<(String, Vec<(String, String)>)>)> = redis::cmd("XREADGROUP")
+        let reply: Vec<StreamReply> = redis::cmd("XREADGROUP")
             .arg("GROUP")
             .arg("seq")
             .arg("c")
