@@ -127,7 +127,8 @@
 //!
 //! [`Semaphore`] (fair FIFO, all-or-nothing multi-permit acquire, also gating tasks through
 //! [`Serializer::submit_with_permits`]) and [`DistinctQueue`] (a job queue without duplicates,
-//! where failed work goes back).
+//! where failed work goes back). With Cargo feature `redis`, [`stream`]: a partitioned Redis
+//! stream consumed in per-key order across processes.
 //!
 //! [`Arc`]: std::sync::Arc
 #![cfg_attr(not(loom), deny(missing_docs))]
@@ -148,6 +149,7 @@
 // | workers | `worker/` (its `mod.rs` lists its rooms), `phase` (what `shutdown_now` may take), `sleep` (parking without lost wakeups), `supervisor` (the elastic pool) |
 // | tasks and handles | `task/` (type-erased task nodes), `nodes`, `slab` (their recycled memory), `handle` (`TaskHandle`), `user` (the one boundary for user code: where it runs, what a panic in it does) |
 // | the extras | `semaphore/`, `distinct/` (`DistinctQueue`) |
+// | beyond one machine (feature `redis`, public) | `stream/` (`partition`: Kafka's murmur2 partitioner; `id`: stream IDs; `watermark`; `producer`; `consumer`: ownership, claims, acks; `conn`: reconnecting connection and reply parsing; `entry`, `error`) |
 //
 // A task in transit has one name per place it can be, outermost first: a `Job` is the user's
 // closure plus how its outcome is reported (`task/`); a `TaskRef` owns a type-erased node that
@@ -209,6 +211,8 @@ mod user;
 mod distinct;
 mod future_task;
 mod semaphore;
+#[cfg(feature = "redis")]
+pub mod stream;
 
 #[cfg(test)]
 mod exec_tests;

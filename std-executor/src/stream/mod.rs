@@ -1,0 +1,135 @@
+//! (Cargo feature `redis`.) Beyond one machine: a partitioned Redis stream consumed in per-key
+//! order across processes, with a completion watermark.
+//!
+//! A [`Producer`] appends an entry with fields `key` and `data` to the partition stream
+//! `{stream}:{p}`, `p = `[`partition_of`]`(key, P)` (Kafka's default partitioner, so a Kafka
+//! producer and this one agree). A [`Consumer`] owns some of the partitions (consumer `i` of `n`
+//! owns those with `p % n == i`), reads them in batches with `XREADGROUP`, runs each entry as a
+//! task of its key on a [`Serializer`](crate::Serializer) (in order per key, in parallel across
+//! keys), and `XACK`s it once its task completed. The [`Watermark`] (engine-agnostic, bounded)
+//! records per partition how far everything is done.
+//!
+//! ```no_run
+//! use keyserial::stream::{Consumer, Producer};
+//!
+//! let mut producer = Producer::connect("redis://127.0.0.1:6379", "orders", 8)?;
+//! producer.send(b"user-42", b"paid")?;
+//!
+//! let mut consumer = Consumer::builder("redis://127.0.0.1:6379", "orders", 8, "billing", "billing-0")
+//!     .index(0, 1) // the only consumer: all 8 partitions
+//!     .workers(16)
+//!     .exit_when_idle(std::time::Duration::from_secs(1))
+//!     .handler(|e| println!("{} {} {}", e.partition, e.id, String::from_utf8_lossy(&e.key)))
+//!     .build()?;
+//! consumer.run()?;
+//! # Ok::<(), keyserial::stream::StreamError>(())
+//! ```
+//!
+//! # Groups and ownership
+//!
+//! The consumer group is created on each owned partition stream at ID `0` with `MKSTREAM` if it
+//! is missing, so entries written before any consumer started are consumed. Per partition the
+//! consumer goes through three phases:
+//! 1. **its own pending entries**: it re-reads this consumer name's pending list
+//!    (`XREADGROUP … STREAMS {stream}:{p} 0`, then from the last ID seen) until it is exhausted.
+//!    A consumer restarted under the same name therefore resumes exactly where it was;
+//! 2. **other names' pending entries**: while `XPENDING` shows entries of other consumer names in
+//!    the partition, it takes over those idle longer than `claim_idle` with `XAUTOCLAIM` and reads
+//!    nothing new. A consumer restarted under a *new* name waits `claim_idle` here before it
+//!    reads on, so the departed name's entries run before any newer entry of their keys;
+//! 3. **live**: it reads new entries (`>`), and every `claim_idle / 2` scans with `XAUTOCLAIM`
+//!    again; whatever a scan takes runs before the partition's next read.
+//!
+//! Entry IDs are compared numerically ([`StreamId`]); explicit IDs (`XADD s 1700000000000-7 …`)
+//! are as good as generated ones.
+//!
+//! # Claim safety
+//!
+//! An entry waiting in keyserial's queue behind its key's earlier entries is still pending in
+//! Redis and ages there (Dapr's issue 4599): with a plain `XAUTOCLAIM`, another consumer would
+//! take it and run it a second time while the first still holds it. Here a live consumer
+//! **refreshes its holds**: every `refresh_every` (default `claim_idle / 4`) it resets the idle
+//! time of every entry it holds (read and not yet acknowledged, queued or running) with
+//! `XCLAIM {stream}:{p} group self 0 id… JUSTID` (which does not count a delivery). The refresh
+//! is a server-side script that first checks, per ID, that the entry is still in *this*
+//! consumer's pending list, so it never takes back an entry someone else claimed meanwhile (that
+//! can only happen after this consumer stalled for longer than `claim_idle`; it is reported as
+//! [`Event::Lost`]). So a held entry's idle time never exceeds the refresh interval plus one
+//! loop tick, and an `XAUTOCLAIM` with `claim_idle` above that never takes it. Consumers of one
+//! group must agree on `claim_idle` (the refresh interval must stay well below every claimer's
+//! `claim_idle`); the integration test `claim_idle_never_takes_a_held_entry` checks this against
+//! a real server, and shows that without the refresh the same schedule does run entries twice.
+//!
+//! Why not a liveness key per consumer name instead? `XAUTOCLAIM` cannot skip a consumer name,
+//! so claimers would have to list pending entries and `XCLAIM` them one by one after checking
+//! the owner's key; the refresh keeps `XAUTOCLAIM` correct as it is, costs one script call per
+//! partition per interval, and needs no extra keys.
+//!
+//! # Delivery: at least once — what a handler must tolerate
+//!
+//! An entry is acknowledged only after its task completed (the handler returned, or panicked:
+//! then it is reported as [`Event::HandlerPanicked`] and acknowledged, so a poison entry does not
+//! block its partition). A key's entries are **first** run in stream order, also across a
+//! consumer's kill and restart and across a take-over. A handler must tolerate:
+//! - **running again** an entry it already ran, when the consumer died (or lost its connection
+//!   for good) after the handler ran but before the `XACK`: at most `max_in_flight` entries per
+//!   consumer crash (every entry in flight, none of them more than once per crash);
+//! - a re-run comes **after** the key's first runs of earlier entries, and may come after the
+//!   first run of the same key's *later* entries only if those were in flight together with it
+//!   (the restarted consumer runs them all again, in order). Make effects idempotent (keyed by
+//!   the entry's partition and ID) if a repeat matters;
+//! - entries without a `key` field and entries deleted while pending are acknowledged without
+//!   running ([`Event::MissingKey`], [`Event::Deleted`]).
+//!
+//! # Backpressure and bounds
+//!
+//! Nothing is buffered without bound: an entry is in flight from its read to its `XACK`, and
+//! reads ask for at most `max_in_flight` minus what is in flight. Entries the serializer refuses
+//! (its `capacity`; the consumer's own serializer has capacity `max_in_flight`) wait in the
+//! consumer in order and stop that partition's reads. A partition whose [`Watermark`] is at its
+//! limit (one slow entry and many done after it) is not read until the mark moves.
+//!
+//! # Connection loss
+//!
+//! A command that fails for a connection reason is retried on a new connection with backoff
+//! (default 10 attempts, 50 ms doubling to 2 s), then `run` returns
+//! [`StreamError::ConnectionLost`]. A read or claim whose reply was lost may still have
+//! delivered entries to this consumer, so after a reconnect every partition re-reads its own
+//! pending list first (held IDs are skipped). An unreachable server at start is an error at
+//! once ([`StreamError::Connect`]).
+//!
+//! # Why the blocking Redis API
+//!
+//! The consumer talks to Redis from one loop per consumer: a few round trips per batch of
+//! entries (read, acknowledge, now and then a refresh or claim scan), never one per entry. The
+//! concurrency is the handlers', and keyserial provides it (blocking handlers on its workers,
+//! async handlers as [`submit_async`](crate::Serializer::submit_async) futures). So the
+//! `redis` crate's blocking connection costs one thread and no runtime, keeps the loop plain
+//! sequential code whose order of effects is easy to check, and users of blocking handlers
+//! need no tokio.
+
+mod conn;
+mod consumer;
+mod entry;
+mod error;
+mod id;
+mod partition;
+mod producer;
+mod watermark;
+
+pub use consumer::{Consumer, ConsumerBuilder, ConsumerStats, StopHandle};
+pub use entry::{Entry, Event};
+pub use error::StreamError;
+pub use id::{ParseIdError, StreamId};
+pub use partition::{murmur2, partition_of};
+pub use producer::Producer;
+pub use watermark::{TrackError, Watermark};
+
+/// The Redis key of partition `p` of `stream`: `{stream}:{p}`.
+///
+/// ```
+/// assert_eq!(keyserial::stream::stream_name("orders", 3), "orders:3");
+/// ```
+pub fn stream_name(stream: &str, p: u32) -> String {
+    format!("{stream}:{p}")
+}
