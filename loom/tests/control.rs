@@ -302,3 +302,78 @@ fn resume_racing_shutdown_now_hands_the_parked_chain_to_exactly_one() {
         m.assert_settled();
     });
 }
+
+/// `cancel_key` on the model (`serializer/keys.rs` and `key_control::hold_chain`): hold the
+/// key, wait until the chain is parked (then steal the wait) or idle (then claim it), take what
+/// it holds, let go and give the chain back. Returns the tasks it took.
+fn cancel(m: &Model) -> Vec<u32> {
+    m.control.hold();
+    loop {
+        if let Some(id) = m.control.wait_id() {
+            if let Some(w) = m.waits.get(id) {
+                if m.waits.steal_one(&w) {
+                    m.control.forget_wait();
+                    break;
+                }
+            }
+        } else if m.chain.try_claim() {
+            break;
+        }
+        thread::yield_now(); // the chain's owner is inside a task, or a grant is on its way
+    }
+    m.hold();
+    let mut taken = Vec::new();
+    // SAFETY: we hold the baton.
+    while let Some(v) = unsafe { m.chain.pop_value() } {
+        taken.push(v);
+    }
+    m.control.unhold();
+    // Given back: parked if the key is still paused by someone, else drained (empty).
+    if !m.park() {
+        m.drain();
+    }
+    taken
+}
+
+#[test]
+fn cancel_key_racing_a_worker_draining_the_chain_takes_each_task_once() {
+    loom::model(|| {
+        let m = owned_with(&[0, 1]);
+        m.hold();
+        let c = m.clone();
+        let canceller = thread::spawn(move || cancel(&c));
+        m.drain();
+        let taken = canceller.join().unwrap();
+        let ran = m.ran();
+        // Each task ran or was taken, exactly once, and what ran came first (in order).
+        let mut all: Vec<u32> = ran.iter().chain(&taken).copied().collect();
+        assert_eq!(all, [0, 1], "ran {ran:?}, taken {taken:?}");
+        all.sort_unstable();
+        m.assert_settled();
+    });
+}
+
+#[test]
+fn cancel_key_racing_a_push_and_a_resume_of_a_paused_key() {
+    loom::model(|| {
+        let m = Arc::new(Model::default());
+        m.pause();
+        let (c, r) = (m.clone(), m.clone());
+        let canceller = thread::spawn(move || cancel(&c));
+        let resumer = thread::spawn(move || r.resume());
+        m.submit(0);
+        let taken = canceller.join().unwrap();
+        resumer.join().unwrap();
+        let ran = m.ran();
+        let mut all: Vec<u32> = ran.iter().chain(&taken).copied().collect();
+        all.sort_unstable();
+        assert!(all.is_empty() || all == [0], "ran {ran:?}, taken {taken:?}");
+        // If the task is neither run nor taken, it waits on the chain parked by a pause the
+        // resume came before: resuming again runs it.
+        if all.is_empty() {
+            m.resume();
+            assert_eq!(m.ran(), [0]);
+        }
+        m.assert_settled();
+    });
+}

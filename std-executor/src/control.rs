@@ -53,6 +53,9 @@ use crate::sync::{lock, AtomicBool, Mutex, Ordering};
 #[derive(Debug, Default)]
 struct Locked {
     paused: bool,
+    /// `cancel_key`s holding the key still while they take its tasks (each parks the chain like
+    /// a pause, without changing what `pause` and `resume` see).
+    holds: u32,
     /// The id of the wait that holds the parked chain's baton (0: none).
     wait: u64,
 }
@@ -83,10 +86,35 @@ impl Control {
         Control::default()
     }
 
-    /// Whether the key is paused (the hint: see the module docs).
+    /// Whether the chain's holder must park it: the key is paused or held (the hint: see the
+    /// module docs for when a reader may rely on it).
     #[inline]
     pub fn is_paused(&self) -> bool {
         self.hint.load(Ordering::Acquire)
+    }
+
+    /// Whether the key is paused by `pause` (not counting holds), read under the lock.
+    pub fn is_paused_by_user(&self) -> bool {
+        lock(&self.locked).paused
+    }
+
+    /// The id of the wait that holds the parked chain, if it is parked (under the lock).
+    pub fn wait_id(&self) -> Option<u64> {
+        Some(lock(&self.locked).wait).filter(|&id| id != 0)
+    }
+
+    /// `cancel_key` holds the key still: its chain's holder parks it as for a pause.
+    pub fn hold(&self) {
+        let mut l = lock(&self.locked);
+        l.holds += 1;
+        self.hint.store(true, Ordering::Release);
+    }
+
+    /// `cancel_key` lets go (it holds the chain's baton, so no wait is registered for it).
+    pub fn unhold(&self) {
+        let mut l = lock(&self.locked);
+        l.holds -= 1;
+        self.hint.store(l.paused || l.holds > 0, Ordering::Release);
     }
 
     /// Pauses the key; `true` if it was not paused before.
@@ -105,7 +133,7 @@ impl Control {
     /// now belongs to that wait. `false`: not paused, the caller keeps the baton.
     pub fn park(&self, register: impl FnOnce() -> u64) -> bool {
         let mut l = lock(&self.locked);
-        if !l.paused {
+        if !l.paused && l.holds == 0 {
             return false;
         }
         debug_assert_eq!(l.wait, 0, "a paused key's chain is parked once");
@@ -121,6 +149,10 @@ impl Control {
             return Resumed::NotPaused;
         }
         l.paused = false;
+        if l.holds > 0 {
+            // A `cancel_key` still holds the key: the chain stays parked until it lets go.
+            return Resumed::Unparked;
+        }
         self.hint.store(false, Ordering::Release);
         match std::mem::take(&mut l.wait) {
             0 => Resumed::Unparked,
@@ -134,9 +166,11 @@ impl Control {
         lock(&self.locked).wait = 0;
     }
 
-    /// Whether the key's idle chain may be retired (it is not paused), read under the lock.
+    /// Whether the key's idle chain may be retired (it is neither paused nor held), read under
+    /// the lock.
     pub fn may_retire(&self) -> bool {
-        !lock(&self.locked).paused
+        let l = lock(&self.locked);
+        !l.paused && l.holds == 0
     }
 }
 
@@ -163,5 +197,16 @@ mod tests {
         c.forget_wait();
         assert!(c.park(|| 10), "a stolen wait's key may park again");
         assert_eq!(c.resume(), Resumed::Parked(10));
+        // A hold parks like a pause but is not one; a resume during it leaves the chain parked.
+        c.hold();
+        assert!(c.is_paused() && !c.is_paused_by_user() && !c.may_retire());
+        assert!(c.park(|| 11));
+        assert_eq!(c.wait_id(), Some(11));
+        c.forget_wait();
+        assert!(c.pause());
+        assert_eq!(c.resume(), Resumed::Unparked);
+        assert!(c.is_paused(), "still held");
+        c.unhold();
+        assert!(!c.is_paused() && c.may_retire() && c.wait_id().is_none());
     }
 }

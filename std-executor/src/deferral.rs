@@ -199,6 +199,47 @@ impl<K> Deferrals<K> {
         item
     }
 
+    /// The lane's owner (an inspector, `inspect.rs`): calls `f` with every item waiting in an
+    /// open deferral of key hash `hash`, oldest first, under that deferral's lock; `f` returns
+    /// `true` to take the item out (it is then handed to `taken`, in order). Under the lock the
+    /// runner can neither take an item nor close the deferral, so what `f` sees has not started.
+    pub(crate) fn visit_hash(
+        &self,
+        hash: u64,
+        mut f: impl FnMut(&Item<K>) -> bool,
+        mut taken: impl FnMut(Item<K>),
+    ) {
+        if self.passes(hash) {
+            return;
+        }
+        let list = lock(&self.list);
+        for d in list.iter().filter(|d| d.is_for(hash)) {
+            let mut g = lock(&d.inner);
+            if !g.open {
+                continue;
+            }
+            let items = std::mem::take(&mut g.items);
+            for item in items {
+                if f(&item) {
+                    taken(item);
+                } else {
+                    g.items.push_back(item);
+                }
+            }
+        }
+    }
+
+    /// The lane's owner (an inspector): calls `f` with every item waiting in an open deferral.
+    pub(crate) fn visit_all(&self, mut f: impl FnMut(&Item<K>)) {
+        let list = lock(&self.list);
+        for d in list.iter() {
+            let g = lock(&d.inner);
+            if g.open {
+                g.items.iter().for_each(&mut f);
+            }
+        }
+    }
+
     /// `shutdown_now` or a stopped owner: the items of every open deferral, closing them all.
     pub(crate) fn take_all(&self) -> Vec<Item<K>> {
         let mut list = lock(&self.list);

@@ -9,7 +9,7 @@ use keyserial_core::table::{Entry, Retire};
 use crate::control::Control;
 use crate::idle_word::IdleWord;
 use crate::lanes::TrackToken;
-use crate::sync::AtomicBool;
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::task::{Header, TaskRef};
 
 /// Per-key state of a *tracked* key (`lanes.rs`): the key's chain plus what the executor keeps
@@ -25,6 +25,8 @@ pub(crate) struct KeyState {
     pub(crate) shed: AtomicBool,
     /// Whether the key is paused, and the wait that holds its parked chain (`control.rs`).
     pub(crate) control: Control,
+    /// What `key_stats` reads of the chain (`serializer/keys.rs`).
+    pub(crate) seen: Seen,
     /// Counts the key in its lane's tracked keys while the state lives.
     _track: TrackToken,
 }
@@ -36,8 +38,55 @@ impl KeyState {
             idle: IdleWord::new(),
             shed: AtomicBool::new(false),
             control: Control::new(),
+            seen: Seen::default(),
             _track: track,
         }
+    }
+}
+
+/// What `key_stats` reads of a key's chain, kept by those who push and take its tasks: relaxed
+/// counters, each exact on its own, read as one snapshot (not one instant).
+#[derive(Default)]
+pub(crate) struct Seen {
+    /// Tasks pushed onto the chain that have not left it (started, dropped, handed back).
+    queued: AtomicUsize,
+    /// Since when (`Shared::now_ms`) the chain has held queued tasks without a break; 0: none.
+    since: AtomicU64,
+    /// A task of the key runs from the chain, or a started future of it is pending.
+    running: AtomicBool,
+}
+
+impl Seen {
+    /// A task was pushed onto the chain at `now` (called only if it was empty, see
+    /// [`pushed`](Self::pushed)).
+    #[inline]
+    pub(crate) fn pushed(&self, now: impl FnOnce() -> u64) {
+        if self.queued.fetch_add(1, Ordering::Relaxed) == 0 {
+            self.since.store(now(), Ordering::Relaxed);
+        }
+    }
+
+    /// `n` tasks left the chain (started, dropped, handed back).
+    #[inline]
+    pub(crate) fn left(&self, n: usize) {
+        if n != 0 && self.queued.fetch_sub(n, Ordering::Relaxed) == n {
+            self.since.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// A task of the key starts (`true`) or ends (`false`) on the chain.
+    #[inline]
+    pub(crate) fn set_running(&self, running: bool) {
+        self.running.store(running, Ordering::Relaxed);
+    }
+
+    /// `(queued, since, running)`.
+    pub(crate) fn get(&self) -> (usize, u64, bool) {
+        (
+            self.queued.load(Ordering::Relaxed),
+            self.since.load(Ordering::Relaxed),
+            self.running.load(Ordering::Relaxed),
+        )
     }
 }
 

@@ -139,6 +139,8 @@ where
         // SAFETY: we own the chain.
         unsafe { crate::worker::drain_chain(e.as_ref(), &mut tasks) };
         cancelled += tasks.len();
+        // A paused chain parks only before a task starts: nothing drained here had started.
+        ks.seen.left(tasks.len());
         sh.count_dropped_outside(tasks.len() as u64);
         for t in tasks {
             sh.release_slot();
@@ -148,4 +150,64 @@ where
         unsafe { park_or_schedule(sh, e) };
     }
     cancelled
+}
+
+/// How `cancel_key` came to hold a key's chain ([`hold_chain`]).
+pub(crate) enum Held {
+    /// The chain is retired (`shutdown_now` released the key): nothing to take.
+    Retired,
+    /// The caller holds the chain's baton, taken from a parked wait or claimed idle; `future`:
+    /// the chain was parked for its head future, a started one, which must be polled again
+    /// (the caller puts the chain on a ready queue when done: a spurious wake, which futures
+    /// allow, and the chain parks anew with the future's next wait).
+    Baton { future: bool },
+    /// The calling thread is the chain's owner, inside one of the key's tasks: it may take
+    /// what is queued (the owner's loop pops again after the task returns).
+    Mine,
+}
+
+/// `cancel_key`: waits until it can take `entry`'s queued tasks. The key must be held
+/// (`Control::hold`), so that a worker draining the chain parks it at its next pop; waiting
+/// here is waiting for the key's running task, if it runs from the chain. A chain parked for
+/// a pause, for permits or for a pending future is taken from its wait (a permit request is
+/// withdrawn; a future is polled again after, see [`Held::Baton`]); an idle one is claimed.
+///
+/// # Safety
+/// `entry` is an entry of `sh`'s table, kept allocated by the caller's epoch guard.
+pub(crate) unsafe fn hold_chain<K>(sh: &Shared<K>, entry: &KeyEntry<K>, on_owner: bool) -> Held
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    let ks = entry.value();
+    let ptr = NonNull::from(entry);
+    let backoff = crossbeam_utils::Backoff::new();
+    loop {
+        if ks.chain.is_retired() {
+            return Held::Retired;
+        }
+        if on_owner {
+            return Held::Mine;
+        }
+        if let Some(id) = ks.control.wait_id() {
+            if let Some(w) = sh.permit_waits().get(id) {
+                if sh.permit_waits().steal_one(&w) {
+                    ks.control.forget_wait();
+                    return Held::Baton { future: false };
+                }
+            }
+        } else if let Some(w) = sh.permit_waits().find(|p| p.entry == ptr) {
+            if sh.permit_waits().steal_one(&w) {
+                let parked = w.value();
+                if let Some(token) = crate::sync::lock(&parked.token).take() {
+                    token.cancel(); // a late grant finds the wait stolen and gives back
+                }
+                return Held::Baton {
+                    future: parked.why == ParkedFor::Future,
+                };
+            }
+        } else if ks.chain.try_claim() {
+            return Held::Baton { future: false };
+        }
+        crate::sync::snooze(&backoff);
+    }
 }

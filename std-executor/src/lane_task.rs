@@ -112,6 +112,17 @@ impl Store for TaskRef {
     };
 }
 
+/// What a slot holds once its task was taken out in place (`Lane::for_each_queued`, for
+/// `cancel_key`): nothing. Its table is never run (a pop skips it: [`LaneTask::tombstone_tag`]);
+/// dropping it drops nothing.
+static TOMBSTONE: Ops = Ops {
+    run: |_, _| unreachable!("a tombstone is skipped, never run"),
+    into_task: |_| unreachable!("a tombstone is skipped, never routed"),
+    drop: |_| {},
+    node: false,
+    first_word: false,
+};
+
 /// Whether a `T` fits in [`Words`].
 const fn fits<T>() -> bool {
     size_of::<T>() <= size_of::<Words>() && align_of::<T>() <= align_of::<Words>()
@@ -213,6 +224,29 @@ impl LaneTask {
         // SAFETY: the caller's contract: `tag` is the table `into_parts` made it from.
         let ops = unsafe { ops_of(tag) };
         LaneTask { data: bytes.0, ops }
+    }
+
+    /// The tag of a tombstone (a slot whose task was taken out in place).
+    #[inline(always)]
+    pub(crate) fn tombstone_tag() -> Tag {
+        Tag::new(&TOMBSTONE as *const Ops as usize).expect("a reference is never null")
+    }
+
+    /// Takes the task out of a lane slot's parts in place, leaving a tombstone (its tag
+    /// [`tombstone_tag`](Self::tombstone_tag)); `None` if the slot holds one already.
+    ///
+    /// # Safety
+    ///
+    /// `tag` and `bytes` are one task's parts (`into_parts`), still unused, or a tombstone.
+    pub(crate) unsafe fn take_in_place(tag: &mut Tag, bytes: &mut TaskBytes) -> Option<LaneTask> {
+        if *tag == Self::tombstone_tag() {
+            return None;
+        }
+        let parts = std::mem::replace(bytes, TaskBytes(Words::uninit()));
+        let old = std::mem::replace(tag, Self::tombstone_tag());
+        // SAFETY: the caller's contract: the parts of one task, unused since; the slot keeps
+        // only the tombstone now.
+        Some(unsafe { Self::from_parts(old, parts) })
     }
 
     /// Hints the CPU to fetch what the first word of a task, still split in a lane's slot,

@@ -82,9 +82,10 @@ use crossbeam_utils::CachePadded;
 use keyserial_core::lane::{Lane as LaneWord, Phase, Watch};
 
 use crate::deferral::Deferrals;
-use crate::lane_task::{Item, LaneTask, Stored};
+use crate::lane_task::{Item, LaneTask, Stored, TaskBytes};
 use crate::sleep::Idle;
 use crate::sync::{fence, Arc, AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use keyserial_core::fifo::Tag;
 
 /// A lane's FIFO: core's [`keyserial_core::fifo::Fifo`] (items stored in blocks of slots, in push
 /// order; one popper at a time: the lane's owner).
@@ -249,6 +250,21 @@ impl<K> Drop for Lane<K> {
     }
 }
 
+/// A task still in its lane's slot, seen by [`Lane::for_each_queued`].
+pub(crate) struct QueuedTask<'a> {
+    tag: &'a mut Tag,
+    bytes: &'a mut TaskBytes,
+}
+
+impl QueuedTask<'_> {
+    /// Takes the task out of the slot, leaving a tombstone.
+    pub(crate) fn take(self) -> LaneTask {
+        // SAFETY: as in `kind`; the tombstone left behind is skipped by every pop.
+        unsafe { LaneTask::take_in_place(self.tag, self.bytes) }
+            .expect("for_each_queued skips tombstones")
+    }
+}
+
 /// The key table's hasher (`shared.rs`), which the lanes share.
 pub(crate) type KeyHasher = foldhash::fast::RandomState;
 
@@ -295,11 +311,43 @@ impl<K: Hash> Lane<K> {
     /// As [`pop`](Self::pop).
     #[inline(always)]
     pub(crate) unsafe fn pop_unhashed(&self) -> Option<(K, LaneTask)> {
-        // SAFETY: the caller owns the lane, so it is the FIFO's only popper (above).
-        let (tag, Stored { key, bytes }) = unsafe { self.queue.pop_tagged() }?;
-        // SAFETY: `Lanes::push` stored a task's parts as the tag and the bytes; popped once.
-        let task = unsafe { LaneTask::from_parts(tag, bytes) };
-        Some((key, task))
+        loop {
+            // SAFETY: the caller owns the lane, so it is the FIFO's only popper (above).
+            let (tag, Stored { key, bytes }) = unsafe { self.queue.pop_tagged() }?;
+            if tag == LaneTask::tombstone_tag() {
+                // Its task was taken out in place (`for_each_queued`): only the key is left.
+                crate::user::drop_quietly(key);
+                continue;
+            }
+            // SAFETY: `Lanes::push` stored a task's parts as the tag and the bytes; popped once.
+            let task = unsafe { LaneTask::from_parts(tag, bytes) };
+            return Some((key, task));
+        }
+    }
+
+    /// Visits every item queued in the lane, oldest first, in place (tombstones skipped): `f`
+    /// gets the item's key and its task still in the slot, which it may take out
+    /// ([`QueuedTask::take`], leaving a tombstone that a pop skips).
+    ///
+    /// # Safety
+    ///
+    /// As [`pop`](Self::pop): the caller owns the lane. `f` must not pop the lane or give it up.
+    pub(crate) unsafe fn for_each_queued(&self, mut f: impl FnMut(&K, QueuedTask<'_>)) {
+        // SAFETY: the caller owns the lane (the FIFO's only popper); the closure neither pops
+        // nor passes the turn.
+        unsafe {
+            self.queue.for_each_queued_mut(|tag, stored| {
+                if *tag != LaneTask::tombstone_tag() {
+                    f(
+                        &stored.key,
+                        QueuedTask {
+                            tag,
+                            bytes: &mut stored.bytes,
+                        },
+                    );
+                }
+            })
+        };
     }
 
     /// Hints the CPU to fetch the next item's task data (`lane_task.rs`, "Looking ahead"),

@@ -127,8 +127,8 @@
 //!
 //! [`Semaphore`] (fair FIFO, all-or-nothing multi-permit acquire, also gating tasks through
 //! [`Serializer::submit_with_permits`]) and [`DistinctQueue`] (a job queue without duplicates,
-//! where failed work goes back). With Cargo feature `redis`, [`stream`]: a partitioned Redis
-//! stream consumed in per-key order across processes.
+//! where failed work goes back). With Cargo feature `redis`, module `stream`: a partitioned
+//! Redis stream consumed in per-key order across processes.
 //!
 //! [`Arc`]: std::sync::Arc
 #![cfg_attr(not(loom), deny(missing_docs))]
@@ -144,7 +144,7 @@
 // |---|---|
 // | the facade | `serializer/` (`mod`: the type and its submit methods; `admit`: admission; `keys`: per-key control; `shutdown`: the shutdown family and `Drop`), `builder`, `policy`, `stats`, `error`, `pending` |
 // | shared state | `shared` (the routing state, behind accessors; the counts, summed in `Shared::tally`), `lifecycle` (flags, termination, threads, hand-backs, behind one lock), `slot` (a worker's slot), `sync` (std or loom) |
-// | the lane path (every keyed task) | `lanes`, `lane_task` (a task in a lane's slot), `route` (run it or queue it on its key's chain), `deferral` (a key deferred when its lane is taken over), `latest_cells` (`submit_latest`), `claims` (`submit_distinct`), `gate` (admission of unkeyed and latest tasks), `capacity` |
+// | the lane path (every keyed task) | `lanes`, `lane_task` (a task in a lane's slot), `inspect` (a lane taken for a moment from outside: key_stats, cancel_key), `route` (run it or queue it on its key's chain), `deferral` (a key deferred when its lane is taken over), `latest_cells` (`submit_latest`), `claims` (`submit_distinct`), `gate` (admission of unkeyed and latest tasks), `capacity` |
 // | the chain path (keys with state) | `key` (a key's entry and state), `idle`, `idle_word` (idle release), `permits`, `permit_wait` (permit-gated tasks), `control` (a key's pause word), `key_control` (pause and resume on the entry, chain and wait registry) |
 // | workers | `worker/` (its `mod.rs` lists its rooms), `phase` (what `shutdown_now` may take), `sleep` (parking without lost wakeups), `supervisor` (the elastic pool) |
 // | tasks and handles | `task/` (type-erased task nodes), `nodes`, `slab` (their recycled memory), `handle` (`TaskHandle`), `user` (the one boundary for user code: where it runs, what a panic in it does) |
@@ -178,6 +178,7 @@ mod capacity;
 mod claims;
 mod deferral;
 mod gate;
+mod inspect;
 mod lane_task;
 mod lanes;
 mod latest_cells;
@@ -227,7 +228,7 @@ pub use pending::PendingTask;
 pub use policy::PanicPolicy;
 pub use semaphore::{Acquire, AcquireError, Permit, Semaphore};
 pub use serializer::Serializer;
-pub use stats::Stats;
+pub use stats::{KeyStats, Stats};
 
 /// Internals exposed to the loom models in `loom/` (only under `cfg(loom)`).
 #[cfg(loom)]

@@ -103,6 +103,21 @@ impl<T> Fifo<T> {
         unsafe { self.pop_tagged() }.map(|(_, item)| item)
     }
 
+    /// As `Fifo::for_each_queued_mut` (the popper's in-place walk).
+    ///
+    /// # Safety
+    ///
+    /// As `Fifo::for_each_queued_mut`.
+    pub unsafe fn for_each_queued_mut(
+        &self,
+        mut f: impl FnMut(&mut keyserial_core::fifo::Tag, &mut T),
+    ) {
+        let mut items = crate::sync::lock(&self.items);
+        for (tag, item) in items.iter_mut() {
+            f(tag, item);
+        }
+    }
+
     /// As `Fifo::pop_tagged`: the oldest item with its tag.
     ///
     /// # Safety

@@ -197,6 +197,31 @@ impl<T> WaitRegistry<T> {
         lock(&self.waits).map.get(&id).cloned()
     }
 
+    /// The first registered wait whose value passes `which`.
+    pub fn find(&self, which: impl Fn(&T) -> bool) -> Option<Arc<PermitWait<T>>> {
+        lock(&self.waits)
+            .map
+            .values()
+            .find(|w| which(&w.value))
+            .cloned()
+    }
+
+    /// `shutdown_now`'s side for one wait (`cancel_key`'s, too): `true` if it stole the baton
+    /// (the wait is removed); `false` if a grant won (waited for until its chain is on a ready
+    /// queue).
+    pub fn steal_one(&self, wait: &PermitWait<T>) -> bool {
+        match wait.handoff.steal() {
+            Winner::Steal => {
+                self.remove(wait);
+                true
+            }
+            Winner::Grant => {
+                wait.handoff.wait_scheduled();
+                false
+            }
+        }
+    }
+
     /// Removes `wait` from the registry; `false` if it was not there (any more).
     pub fn remove(&self, wait: &PermitWait<T>) -> bool {
         lock(&self.waits).map.remove(&wait.id).is_some()

@@ -161,6 +161,7 @@ fn on_grant<K>(
                 unsafe { chain.unpop(NonNull::from(task_into_raw(task))) };
             }
             Err(_) => {
+                entry.value().seen.left(1);
                 task.abandon(Abandon::Cancelled);
                 shared.count_dropped_outside(1);
                 shared.release_slot();

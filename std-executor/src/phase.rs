@@ -117,9 +117,9 @@ impl Phase {
         self.0.load(Ordering::Relaxed) & STOP != 0
     }
 
-    /// `true` while the worker is inside a task (`RUNNING`, stolen or not). Meaningful to the
-    /// worker's own thread, which alone moves the word in and out of `RUNNING`.
-    #[cfg(debug_assertions)]
+    /// `true` while the worker is inside a task (`RUNNING`, stolen or not). Exact for the
+    /// worker's own thread, which alone moves the word in and out of `RUNNING`; a snapshot for
+    /// others (`key_stats`).
     pub(crate) fn is_running(&self) -> bool {
         self.0.load(Ordering::Relaxed) & MASK == RUNNING
     }

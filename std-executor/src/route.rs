@@ -156,7 +156,13 @@ where
         }
         // SAFETY: a live task node we own (given up by `into_raw`, or handed back by a bounced
         // push): queued nowhere else; the chain hands it to its owner or `Header::drop_queued`.
-        match unsafe { ks.chain.push(node) } {
+        // Counted before the push, so that the owner's count of its leaving comes after.
+        ks.seen.pushed(|| sh.now_ms());
+        let pushed = unsafe { ks.chain.push(node) };
+        if pushed.is_err() {
+            ks.seen.left(1);
+        }
+        match pushed {
             Ok(Pushed::Activated) => {
                 sh.schedule(Runnable::Chain(NonNull::from(entry)), local);
                 return Route::Queued;

@@ -35,6 +35,9 @@ pub(crate) struct Slot<K> {
     pub(crate) phase: CachePadded<Phase>,
     /// The entry whose chain the slot's worker is running (valid while `RUNNING`).
     pub(crate) current: AtomicUsize,
+    /// The key hash of the task the worker runs straight from a lane or a deferral (valid
+    /// while `RUNNING` with `current` 0): `key_stats`' `running`.
+    pub(crate) direct_hash: AtomicU64,
     /// Debug builds: the key of the task the worker runs straight from a lane or a deferral
     /// (valid while `RUNNING`, read only by the worker's own thread; for `TaskHandle::join`'s
     /// same-key check).

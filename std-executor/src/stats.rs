@@ -31,3 +31,32 @@ pub struct Stats {
     /// Submissions refused (shutdown, full, duplicate, too many permits).
     pub rejected: u64,
 }
+
+/// One key's state, from [`Serializer::key_stats`](crate::Serializer::key_stats) and
+/// [`Serializer::busiest_keys`](crate::Serializer::busiest_keys): a snapshot, each field exact
+/// on its own (not one instant).
+///
+/// ```
+/// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
+/// s.pause(&1);
+/// s.execute(1, || ()).unwrap();
+/// let st = s.key_stats(&1).unwrap();
+/// assert_eq!((st.queued, st.running, st.paused), (1, false, true));
+/// assert_eq!(s.key_stats(&2), None); // not live
+/// # s.resume(&1);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyStats {
+    /// The key's tasks admitted and not yet started.
+    pub queued: usize,
+    /// A task of the key is running (a started future that is pending counts as running).
+    pub running: bool,
+    /// The key is paused ([`Serializer::pause`](crate::Serializer::pause)).
+    pub paused: bool,
+    /// How long the key has had tasks waiting without a break, once they reached the key's own
+    /// queue: at least as long as its oldest queued task has waited there (exact while none of
+    /// the key's tasks started meanwhile). `None` if nothing waits there: tasks that are still
+    /// in the lane the key shares with others (normally for microseconds; behind the key's own
+    /// running task, until it returns) carry no time of their own.
+    pub oldest_queued: Option<std::time::Duration>,
+}

@@ -354,3 +354,317 @@ impl std::future::Future for Signal {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// key_stats, busiest_keys
+
+#[test]
+fn key_stats_counts_what_waits_behind_a_running_task() {
+    for workers in [1, 2] {
+        let s = Builder::<u32>::new().workers(workers).build().unwrap();
+        assert_eq!(s.key_stats(&1), None, "not live");
+        let gate = block_worker(&s, 1);
+        let log = Log::default();
+        let queued: Vec<_> = (0..3).map(|i| logged(&s, &log, 1, i)).collect();
+        // With two workers, the idle one may take the lane over and defer key 1's tasks.
+        std::thread::sleep(Duration::from_millis(5));
+        let st = s.key_stats(&1).expect("live");
+        assert_eq!(
+            (st.queued, st.running, st.paused),
+            (3, true, false),
+            "{workers} workers"
+        );
+        assert_eq!(s.key_stats(&2), None);
+        drop(gate);
+        for h in queued {
+            h.join().unwrap();
+        }
+        assert!(wait_until(LONG, || s
+            .key_stats(&1)
+            .is_none_or(|st| st.queued == 0 && !st.running)));
+    }
+}
+
+#[test]
+fn key_stats_of_a_paused_key_shows_its_queue_and_its_age() {
+    let s = Builder::<u32>::new().workers(2).build().unwrap();
+    s.pause(&4);
+    let st = s.key_stats(&4).expect("a paused key is live");
+    assert_eq!(
+        (st.queued, st.running, st.paused, st.oldest_queued),
+        (0, false, true, None)
+    );
+    let log = Log::default();
+    let held: Vec<_> = (0..4).map(|i| logged(&s, &log, 4, i)).collect();
+    std::thread::sleep(SETTLE);
+    let st = s.key_stats(&4).unwrap();
+    assert_eq!((st.queued, st.running, st.paused), (4, false, true));
+    let age = st.oldest_queued.expect("queued on the key's own queue");
+    assert!(age >= Duration::from_millis(30), "{age:?}");
+    s.resume(&4);
+    for h in held {
+        h.join().unwrap();
+    }
+    let st = s.key_stats(&4).map(|st| (st.queued, st.paused));
+    assert!(matches!(st, None | Some((0, false))), "{st:?}");
+}
+
+#[test]
+fn busiest_keys_lists_the_longest_queues_first() {
+    let s = Builder::<u32>::new().workers(2).build().unwrap();
+    let log = Log::default();
+    for k in 1..=4 {
+        s.pause(&k);
+    }
+    let mut handles = Vec::new();
+    for (k, n) in [(1, 2), (2, 7), (3, 4), (4, 0)] {
+        for i in 0..n {
+            handles.push(logged(&s, &log, k, i));
+        }
+    }
+    // A key whose tasks still wait behind its own running task, in its lane, counts too.
+    let gate = block_worker(&s, 5);
+    for i in 0..5 {
+        handles.push(logged(&s, &log, 5, i));
+    }
+    let top = s.busiest_keys(3);
+    let got: Vec<(u32, usize)> = top.iter().map(|(k, st)| (*k, st.queued)).collect();
+    assert_eq!(got, [(2, 7), (5, 5), (3, 4)]);
+    assert!(top[1].1.running && !top[1].1.paused);
+    assert_eq!(s.busiest_keys(10).len(), 4, "key 4 has nothing queued");
+    assert!(s.busiest_keys(0).is_empty());
+    drop(gate);
+    for k in 1..=4 {
+        s.resume(&k);
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert!(s.busiest_keys(10).is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// cancel_key
+
+/// Runs or drops handed-back tasks and checks what their handles say.
+fn settle(back: Vec<keyserial::PendingTask<u32>>, run: bool) {
+    for p in back {
+        if run {
+            p.run();
+        }
+    }
+}
+
+#[test]
+fn cancel_key_hands_back_what_waits_behind_the_running_task_in_order() {
+    for workers in [1, 2] {
+        let s = Builder::<u32>::new().workers(workers).build().unwrap();
+        let log = Log::default();
+        let gate = block_worker(&s, 1);
+        let queued: Vec<_> = (0..4).map(|i| logged(&s, &log, 1, i)).collect();
+        let other = logged(&s, &log, 2, 0);
+        std::thread::sleep(Duration::from_millis(5));
+        let back = s.cancel_key(&1);
+        assert_eq!(back.len(), 4, "{workers} workers");
+        assert!(back.iter().all(|p| p.key() == Some(&1)));
+        // Later submissions go on as usual, after the running task.
+        let later = logged(&s, &log, 1, 10);
+        drop(gate);
+        assert_eq!(later.join().unwrap(), 10);
+        assert_eq!(other.join().unwrap(), 0);
+        // Run the first two here, in order; drop the others.
+        let mut back = back.into_iter();
+        back.next().unwrap().run();
+        back.next().unwrap().run();
+        drop(back);
+        let results: Vec<_> = queued.into_iter().map(|h| h.join()).collect();
+        assert_eq!(results[0].as_ref().ok(), Some(&0));
+        assert_eq!(results[1].as_ref().ok(), Some(&1));
+        assert!(results[2..]
+            .iter()
+            .all(|r| matches!(r, Err(TaskError::Cancelled))));
+        assert_eq!(ran(&log, 1), [10, 0, 1]);
+        let st = s.stats();
+        assert_eq!((st.queued, st.running), (0, 0));
+        assert_eq!(
+            st.completed, 3,
+            "the blocker, `later` and `other` ran on the serializer"
+        );
+    }
+}
+
+#[test]
+fn cancel_key_of_a_paused_key_takes_its_queue_and_it_stays_paused() {
+    let s = Builder::<u32>::new().workers(2).build().unwrap();
+    let log = Log::default();
+    s.pause(&3);
+    let held: Vec<_> = (0..5).map(|i| logged(&s, &log, 3, i)).collect();
+    std::thread::sleep(SETTLE);
+    let back = s.cancel_key(&3);
+    assert_eq!(back.len(), 5);
+    assert_eq!(
+        s.key_stats(&3).map(|st| (st.queued, st.paused)),
+        Some((0, true))
+    );
+    let later = logged(&s, &log, 3, 9);
+    std::thread::sleep(SETTLE);
+    assert!(!later.is_finished(), "still paused");
+    settle(back, true);
+    let values: Vec<u32> = held.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(values, [0, 1, 2, 3, 4]);
+    s.resume(&3);
+    assert_eq!(later.join().unwrap(), 9);
+}
+
+#[test]
+fn cancel_key_takes_a_task_parked_on_permits_and_those_behind_it() {
+    let s = Builder::<u32>::new().workers(2).build().unwrap();
+    let sem = keyserial::Semaphore::new(1);
+    let permit = sem.try_acquire(1).unwrap();
+    let log = Log::default();
+    let l = log.clone();
+    let gated = s
+        .submit_with_permits(6, &sem, 1, move || {
+            l.lock().unwrap().push((6, 100));
+            100
+        })
+        .unwrap();
+    let behind: Vec<_> = (0..3).map(|i| logged(&s, &log, 6, i)).collect();
+    std::thread::sleep(SETTLE);
+    let back = s.cancel_key(&6);
+    assert_eq!(back.len(), 4);
+    drop(back);
+    assert!(matches!(gated.join(), Err(TaskError::Cancelled)));
+    for h in behind {
+        assert!(matches!(h.join(), Err(TaskError::Cancelled)));
+    }
+    // The withdrawn request does not hold the permit up: the next waiter gets it.
+    drop(permit);
+    let next = s.submit_with_permits(6, &sem, 1, || 7).unwrap();
+    assert_eq!(next.join().unwrap(), 7);
+    assert!(ran(&log, 6).is_empty());
+}
+
+#[test]
+fn cancel_key_leaves_a_pending_future_running_and_takes_what_is_behind_it() {
+    let s = Builder::<u32>::new().workers(2).build().unwrap();
+    let (fire, signal) = futures_channel();
+    let started = Arc::new(AtomicUsize::new(0));
+    let st = started.clone();
+    let running = s
+        .submit_async(8, async move {
+            st.fetch_add(1, SeqCst);
+            signal.await;
+            "done"
+        })
+        .unwrap();
+    assert!(wait_until(LONG, || started.load(SeqCst) == 1));
+    let behind: Vec<_> = (0..3).map(|i| s.submit(8, move || i).unwrap()).collect();
+    std::thread::sleep(SETTLE);
+    let back = s.cancel_key(&8);
+    assert_eq!(back.len(), 3);
+    drop(back);
+    fire.fire();
+    assert_eq!(running.join().unwrap(), "done");
+    for h in behind {
+        assert!(matches!(h.join(), Err(TaskError::Cancelled)));
+    }
+    assert_eq!(s.submit(8, || 1).unwrap().join().unwrap(), 1);
+}
+
+#[test]
+fn cancel_key_from_inside_the_keys_own_task() {
+    let s = Arc::new(Builder::<u32>::new().workers(2).build().unwrap());
+    // Paused then resumed with a backlog: the key's tasks run from its own queue.
+    s.pause(&1);
+    let s2 = s.clone();
+    let first = s.submit(1, move || s2.cancel_key(&1).len()).unwrap();
+    let behind: Vec<_> = (0..3).map(|i| s.submit(1, move || i).unwrap()).collect();
+    std::thread::sleep(SETTLE);
+    s.resume(&1);
+    assert_eq!(
+        first.join().unwrap(),
+        3,
+        "took what was behind it, without waiting for itself"
+    );
+    for h in behind {
+        assert!(matches!(h.join(), Err(TaskError::Cancelled)));
+    }
+    // And from a task run straight from its lane.
+    let s3 = s.clone();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let direct = s
+        .submit(2, move || {
+            rx.recv().unwrap();
+            s3.cancel_key(&2).len()
+        })
+        .unwrap();
+    let behind: Vec<_> = (0..2).map(|i| s.submit(2, move || i).unwrap()).collect();
+    tx.send(()).unwrap();
+    assert_eq!(direct.join().unwrap(), 2);
+    for h in behind {
+        assert!(matches!(h.join(), Err(TaskError::Cancelled)));
+    }
+}
+
+#[test]
+fn cancel_key_of_an_unknown_key_returns_nothing() {
+    let s: Serializer<u32> = Serializer::new();
+    assert!(s.cancel_key(&42).is_empty());
+    assert_eq!(s.submit(42, || 1).unwrap().join().unwrap(), 1);
+}
+
+#[test]
+fn cancel_key_racing_submits_and_workers_accounts_for_every_task() {
+    const KEYS: u32 = 4;
+    const PER_KEY: u32 = 3_000;
+    let s = Arc::new(Builder::<u32>::new().workers(2).build().unwrap());
+    let log = Log::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let canceller = {
+        let (s, stop) = (s.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut back = Vec::new();
+            let mut k = 0;
+            while !stop.load(SeqCst) {
+                back.extend(s.cancel_key(&(k % KEYS)));
+                k += 1;
+                std::thread::yield_now();
+            }
+            back
+        })
+    };
+    let mut handles = Vec::new();
+    for i in 0..PER_KEY {
+        for k in 0..KEYS {
+            handles.push(logged(&s, &log, k, i));
+        }
+    }
+    stop.store(true, SeqCst);
+    let back = canceller.join().unwrap();
+    let n_back = back.len();
+    drop(back);
+    let (mut ok, mut cancelled) = (0, 0);
+    for h in handles {
+        match h.join() {
+            Ok(_) => ok += 1,
+            Err(TaskError::Cancelled) => cancelled += 1,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(
+        cancelled, n_back,
+        "every handed-back task, and only those, was cancelled"
+    );
+    assert_eq!(ok + cancelled, (KEYS * PER_KEY) as usize);
+    for k in 0..KEYS {
+        let r = ran(&log, k);
+        assert!(
+            r.windows(2).all(|w| w[0] < w[1]),
+            "key {k} ran out of order"
+        );
+    }
+    let st = s.stats();
+    assert_eq!(st.completed as usize, ok);
+    assert_eq!((st.queued, st.running), (0, 0));
+}

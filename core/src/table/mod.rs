@@ -398,6 +398,64 @@ impl<K: Hash + Eq, V, S: BuildHasher, A: EntryAlloc> Table<K, V, S, A> {
     }
 }
 
+impl<K, V, S, A: EntryAlloc> Table<K, V, S, A> {
+    /// Calls `f` with every entry in the table (retired ones included: check the value), while
+    /// others go on inserting and unlinking: an entry that stays in the table for the whole walk
+    /// is visited exactly once; one inserted, moved down by an expansion or unlinked meanwhile,
+    /// at most once. Lock-free reads only, one per slot (a table of `n` keys has about `n / 4 +
+    /// 4096` slots to read). Meant for inspection (the busiest keys of an executor), not for a
+    /// hot path.
+    ///
+    /// ```
+    /// # use keyserial_core::table::Table;
+    /// # use std::collections::hash_map::RandomState;
+    /// # use keyserial_core::chain::{BoxNode, Chain};
+    /// let table: Table<u32, Chain<BoxNode<()>>, RandomState> = Table::with_hasher(RandomState::new());
+    /// let guard = table.register().pin();
+    /// for k in 0..100 {
+    ///     table.get_or_insert_with(k, Chain::new, &guard);
+    /// }
+    /// let mut keys = Vec::new();
+    /// table.for_each(&guard, |e| keys.push(*e.key()));
+    /// keys.sort();
+    /// assert_eq!(keys, (0..100).collect::<Vec<_>>());
+    /// ```
+    pub fn for_each<'g>(&'g self, guard: &'g Guard, mut f: impl FnMut(&'g Entry<K, V>)) {
+        self.check_guard(guard);
+        /// Visits what `word` points to. Everything reachable from a slot read under `guard`
+        /// stays allocated while the guard is pinned (frees are deferred through the table's
+        /// collector, whose guard this is, checked above).
+        fn visit<'g, K: 'g, V: 'g>(word: Word, f: &mut impl FnMut(&'g Entry<K, V>)) {
+            match word.kind() {
+                Kind::Empty => {}
+                Kind::Leaf => {
+                    // SAFETY: a leaf read from a linked slot under the guard stays allocated
+                    // while the guard lives (see above).
+                    f(unsafe { &*word.entry::<K, V>() })
+                }
+                Kind::Inner => {
+                    // SAFETY: as above, for an inner node.
+                    let node = unsafe { &*word.inner_node() };
+                    for s in node.slots.iter() {
+                        visit(s.load(Ordering::Acquire), f);
+                    }
+                }
+                Kind::Collision => {
+                    // SAFETY: as above, for a collision node and the entries it lists.
+                    let coll = unsafe { &*word.collision_node::<K, V>() };
+                    for &e in &coll.entries {
+                        // SAFETY: as above.
+                        f(unsafe { &*e });
+                    }
+                }
+            }
+        }
+        for root in self.roots.iter() {
+            visit(root.load(Ordering::Acquire), &mut f);
+        }
+    }
+}
+
 impl<K, V, S, A: EntryAlloc> Drop for Table<K, V, S, A> {
     fn drop(&mut self) {
         // `&mut self`: no thread is inside the table. Everything still linked is ours; what was

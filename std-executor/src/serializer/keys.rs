@@ -1,8 +1,27 @@
-//! Per-key control: pausing and resuming a key (`control.rs` has the protocol).
+//! Per-key control and visibility: pausing, resuming and cancelling a key (`control.rs` and
+//! `key_control.rs` have the protocol), and what a key holds (`KeyStats`).
+//!
+//! A key's not-started tasks are in up to three places (`route.rs`): its lane (shared with
+//! other keys, in submission order), a deferral of its lane (behind a task of the key that held
+//! the lane's former owner) and its chain (its own queue). Looking at the first two needs the
+//! lane's ownership: these methods take it for a moment (`inspect.rs`), never for longer than a
+//! walk of the lane. The chain's tasks are counted by those who push and take them (`key.rs`,
+//! `Seen`), and taken, by `cancel_key`, with the chain's baton (`key_control::hold_chain`).
 
 use std::hash::Hash;
+use std::ptr::NonNull;
+use std::time::Duration;
 
 use super::Serializer;
+use crate::key::KeyEntry;
+use crate::key_control::Held;
+use crate::lane_task::LaneTask;
+use crate::pending::PendingTask;
+use crate::shared::Shared;
+use crate::stats::KeyStats;
+use crate::sync::Ordering;
+use crate::task::TaskRef;
+use crate::user;
 
 impl<K> Serializer<K>
 where
@@ -51,4 +70,294 @@ where
     pub fn resume(&self, key: &K) {
         crate::key_control::resume(&self.shared, key);
     }
+
+    /// What `key` holds now: its queued tasks, whether one runs, whether it is paused, how long
+    /// its tasks have waited (see [`KeyStats`]); `None` if the key is not live (nothing queued
+    /// or running, not paused, no idle-cached state). No global lock: it looks at the key's
+    /// entry and takes the key's lane for a moment, walking what the lane holds (`O(queued in
+    /// the lane)`, comparing keys with `Eq`). The key's `Hash` and `Eq` run on the calling
+    /// thread; a panic in them reaches the caller and changes nothing.
+    ///
+    /// ```
+    /// use std::sync::mpsc;
+    /// let s: keyserial::Serializer<u32> = keyserial::Serializer::new();
+    /// let (tx, rx) = mpsc::channel::<()>();
+    /// s.execute(7, move || { rx.recv().ok(); }).unwrap();
+    /// for _ in 0..3 {
+    ///     s.execute(7, || ()).unwrap();
+    /// }
+    /// while !s.key_stats(&7).unwrap().running { std::thread::yield_now(); }
+    /// let st = s.key_stats(&7).unwrap();
+    /// assert_eq!((st.queued, st.running, st.paused), (3, true, false));
+    /// tx.send(()).unwrap();
+    /// ```
+    pub fn key_stats(&self, key: &K) -> Option<KeyStats> {
+        let sh = &*self.shared;
+        let hash = sh.hash_of(key);
+        let l = sh.lanes().index_of(hash);
+        let running_here = running_direct(sh, l, hash);
+        let mut waiting = 0;
+        crate::inspect::with_lane(sh, l, |lane| {
+            lane.deferrals.visit_hash(
+                hash,
+                |item| {
+                    waiting += usize::from(item.key == *key);
+                    false
+                },
+                |_| {},
+            );
+            // SAFETY: `with_lane` made this thread the lane's owner; the closure only reads.
+            unsafe { lane.for_each_queued(|k, _| waiting += usize::from(k == key)) };
+        });
+        let guard = sh.pin();
+        let entry = sh
+            .table()
+            .get(key, &guard)
+            .filter(|e| !e.value().chain.is_retired());
+        let (chained, since, chain_running, paused) = match entry {
+            Some(e) => {
+                let (q, since, running) = e.value().seen.get();
+                (q, since, running, e.value().control.is_paused_by_user())
+            }
+            None => (0, 0, false, false),
+        };
+        let running = running_here || chain_running || running_direct(sh, l, hash);
+        if entry.is_none() && waiting == 0 && !running {
+            return None;
+        }
+        Some(KeyStats {
+            queued: waiting + chained,
+            running,
+            paused,
+            oldest_queued: (since != 0 && chained != 0)
+                .then(|| Duration::from_millis(sh.now_ms().saturating_sub(since))),
+        })
+    }
+
+    /// The `n` live keys with the most queued tasks, most first (ties in any order), each with
+    /// its [`KeyStats`]; keys with nothing queued are not listed. It takes each lane for a
+    /// moment in turn and walks the key table (no global lock; `O(queued + live keys)`, cloning
+    /// each listed key), so it suits a monitoring call, not a hot path.
+    ///
+    /// ```
+    /// let s: keyserial::Serializer<&str> = keyserial::Serializer::new();
+    /// s.pause(&"hot");
+    /// s.pause(&"warm");
+    /// for _ in 0..5 { s.execute("hot", || ()).unwrap(); }
+    /// for _ in 0..2 { s.execute("warm", || ()).unwrap(); }
+    /// let top = s.busiest_keys(1);
+    /// assert_eq!(top.len(), 1);
+    /// assert_eq!((top[0].0, top[0].1.queued), ("hot", 5));
+    /// # s.resume(&"hot"); s.resume(&"warm");
+    /// ```
+    pub fn busiest_keys(&self, n: usize) -> Vec<(K, KeyStats)> {
+        use std::collections::HashMap;
+        let sh = &*self.shared;
+        if n == 0 {
+            return Vec::new();
+        }
+        let mut queued: HashMap<K, usize> = HashMap::new();
+        for l in 0..sh.lanes().len() {
+            crate::inspect::with_lane(sh, l, |lane| {
+                lane.deferrals
+                    .visit_all(|item| *queued.entry(item.key.clone()).or_default() += 1);
+                // SAFETY: `with_lane` made this thread the lane's owner; the closure only reads.
+                unsafe { lane.for_each_queued(|k, _| *queued.entry(k.clone()).or_default() += 1) };
+            });
+        }
+        let guard = sh.pin();
+        sh.table().for_each(&guard, |e| {
+            let (q, _, _) = e.value().seen.get();
+            if q != 0 && !e.value().chain.is_retired() {
+                *queued.entry(e.key().clone()).or_default() += q;
+            }
+        });
+        let mut top: Vec<(K, usize)> = queued.into_iter().collect();
+        top.sort_unstable_by_key(|&(_, q)| std::cmp::Reverse(q));
+        top.truncate(n);
+        top.into_iter()
+            .filter_map(|(k, _)| {
+                let st = self.key_stats(&k)?;
+                (st.queued > 0).then_some((k, st))
+            })
+            .collect()
+    }
+
+    /// Removes `key`'s tasks that have not started and hands them back, in submission order,
+    /// as [`PendingTask`]s (run one to run its task here, drop it to resolve its handle
+    /// [`Cancelled`](crate::TaskError::Cancelled)). The key's running task goes on, and later
+    /// submissions are accepted as usual; a paused key stays paused. A started future that is
+    /// pending is the key's running task: it stays (and is polled once more, a spurious wake).
+    ///
+    /// A task that waits in the key's own queue (a backlog, behind a permit-gated or async task)
+    /// is taken with the queue's baton, which the key's running task holds when it runs from
+    /// that queue: `cancel_key` then waits for that task to return (never for other keys'
+    /// tasks; from inside that very task it takes the queue at once).
+    ///
+    /// ```
+    /// use std::sync::mpsc;
+    /// let s: keyserial::Serializer<u32> = keyserial::Serializer::new();
+    /// let (tx, rx) = mpsc::channel::<()>();
+    /// s.execute(1, move || { rx.recv().ok(); }).unwrap();
+    /// while s.stats().running == 0 { std::thread::yield_now(); }
+    /// let queued: Vec<_> = (0..3).map(|i| s.submit(1, move || i).unwrap()).collect();
+    /// let back = s.cancel_key(&1); // the running task goes on
+    /// # assert!(back.iter().all(|p| p.key() == Some(&1)));
+    /// assert_eq!(back.len(), 3);
+    /// tx.send(()).unwrap();
+    /// // Run the first here, drop the rest: their handles say Cancelled.
+    /// let mut back = back.into_iter();
+    /// back.next().unwrap().run();
+    /// drop(back);
+    /// let results: Vec<_> = queued.into_iter().map(|h| h.join()).collect();
+    /// assert_eq!(results[0].as_ref().ok(), Some(&0));
+    /// assert!(results[1..].iter().all(|r| matches!(r, Err(keyserial::TaskError::Cancelled))));
+    /// ```
+    pub fn cancel_key(&self, key: &K) -> Vec<PendingTask<K>> {
+        let sh = &*self.shared;
+        let hash = sh.hash_of(key);
+        let l = sh.lanes().index_of(hash);
+        let guard = sh.pin();
+        // Hold the key: from now on a worker that drains its chain parks it at its next pop.
+        let entry = loop {
+            let e = crate::route::entry_for(sh, key, l, hash, &guard);
+            e.value().control.hold();
+            if !e.value().chain.is_retired() {
+                break e;
+            }
+            e.value().control.unhold(); // released under us: again, on its new entry
+        };
+        let ks = entry.value();
+        let on_owner = self.owns_chain_here(entry);
+        // SAFETY: `entry` is our table's, kept allocated by `guard`.
+        let held = unsafe { crate::key_control::hold_chain(sh, entry, on_owner) };
+        let mut from_chain: Vec<TaskRef> = Vec::new();
+        let mut from_lane: Vec<LaneTask> = Vec::new();
+        let mut future_head = None;
+        // Everything of the key that has not started is now in the chain (ours to pop), the
+        // lane's deferrals or the lane: take the lane, so that nothing moves meanwhile.
+        let drain_chain = |from_chain: &mut Vec<TaskRef>, future_head: &mut Option<TaskRef>| {
+            if matches!(held, Held::Retired) {
+                return;
+            }
+            // SAFETY: we hold the chain's baton, or are its owner inside its task.
+            while let Some(n) = unsafe { ks.chain.pop() } {
+                // SAFETY: popped from a chain we own: ours.
+                let t = unsafe { TaskRef::from_raw(n) };
+                if matches!(held, Held::Baton { future: true }) && future_head.is_none() {
+                    *future_head = Some(t); // the key's running future: it stays
+                } else {
+                    from_chain.push(t);
+                }
+            }
+        };
+        let walked = crate::inspect::with_lane(sh, l, |lane| {
+            drain_chain(&mut from_chain, &mut future_head);
+            // The key's `Eq` is user code: a panic stops the walk, and is raised below, once
+            // the key is given back.
+            user::catch(|| {
+                lane.deferrals.visit_hash(
+                    hash,
+                    |item| item.key == *key,
+                    |item| from_lane.push(item.task),
+                );
+                // SAFETY: `with_lane` made this thread the lane's owner; the closure takes
+                // tasks out in place and neither pops nor gives the lane up.
+                unsafe {
+                    lane.for_each_queued(|k, t| {
+                        if k == key {
+                            from_lane.push(t.take());
+                        }
+                    })
+                };
+            })
+        });
+        if walked.is_none() {
+            // `shutdown_now` has the lanes (and hands back what they hold); the chain is ours.
+            drain_chain(&mut from_chain, &mut future_head);
+        }
+        ks.seen.left(from_chain.len());
+        // Give the chain back: a started future goes back to its head, polled again; a key
+        // paused by the user parks; otherwise a worker releases the (empty) chain.
+        if let Some(f) = future_head {
+            // SAFETY: we hold the baton; the node is the one popped first.
+            unsafe { ks.chain.unpop(f.into_raw()) };
+        }
+        ks.control.unhold();
+        match held {
+            Held::Baton { future } => {
+                let ptr = NonNull::from(entry);
+                if future {
+                    sh.schedule(crate::key::Runnable::Chain(ptr), None);
+                } else {
+                    // SAFETY: we hold the baton.
+                    unsafe { crate::key_control::park_or_schedule(sh, ptr) };
+                }
+            }
+            Held::Mine | Held::Retired => {}
+        }
+        if let Some(Err(payload)) = walked {
+            // The key's `Eq` panicked in the walk: what was taken resolves `Cancelled` (as if
+            // handed back and dropped), and the panic reaches the caller.
+            let taken = from_chain.len() + from_lane.len();
+            sh.count_dropped_outside(taken as u64);
+            for _ in 0..taken {
+                sh.release_slot();
+            }
+            from_chain
+                .into_iter()
+                .for_each(|t| t.abandon(crate::task::Abandon::Cancelled));
+            from_lane.into_iter().for_each(user::drop_quietly);
+            std::panic::resume_unwind(payload);
+        }
+        let n = from_chain.len() + from_lane.len();
+        let mut out = Vec::with_capacity(n);
+        for t in from_chain
+            .into_iter()
+            .chain(from_lane.into_iter().map(LaneTask::into_task))
+        {
+            match user::catch(|| key.clone()) {
+                Ok(k) => out.push(PendingTask::new(Some(k), t)),
+                Err(payload) => {
+                    sh.count_dropped_outside(1);
+                    sh.release_slot();
+                    t.fail(payload);
+                }
+            }
+        }
+        sh.count_handed_back(out.len() as u64);
+        for _ in 0..out.len() {
+            sh.release_slot();
+        }
+        out
+    }
+
+    /// Whether the calling thread is one of our workers, inside a task of `entry`'s chain.
+    fn owns_chain_here(&self, entry: &KeyEntry<K>) -> bool {
+        let sh = &*self.shared;
+        let Some((slot, _)) = crate::worker::current_worker::<K>(sh.id()) else {
+            return false;
+        };
+        let slot = &sh.slots()[slot];
+        slot.phase.is_running()
+            && slot.current.load(Ordering::Relaxed) == entry as *const KeyEntry<K> as usize
+    }
+}
+
+/// Whether a worker runs a task of key hash `hash` straight from lane `l` (a lane's word says
+/// so while its owner is inside a task) or from a deferral (its slot says so).
+fn running_direct<K>(sh: &Shared<K>, l: usize, hash: u64) -> bool
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    sh.lanes()
+        .get(l)
+        .word
+        .watch()
+        .is_some_and(|w| w.key_hash() == hash as usize)
+        || sh.slots().iter().any(|s| {
+            s.phase.is_running()
+                && s.current.load(Ordering::Relaxed) == 0
+                && s.direct_hash.load(Ordering::Relaxed) == hash
+        })
 }

@@ -95,6 +95,7 @@ where
             // SAFETY: we own the chain and just popped the node: it is ours alone.
             let mut task = unsafe { TaskRef::from_raw(p.node) };
             if p.superseded {
+                ks.seen.left(1);
                 task.abandon(Abandon::Superseded);
                 self.bump(|c| &c.dropped);
                 self.release_capacity();
@@ -131,6 +132,7 @@ where
                     }
                     PermitOutcome::Parked => return After::Continue,
                     PermitOutcome::Dropped => {
+                        ks.seen.left(1);
                         self.bump(|c| &c.dropped);
                         self.release_capacity();
                         continue;
@@ -153,6 +155,8 @@ where
             }
             self.release_capacity();
             self.bump(|c| &c.started);
+            ks.seen.left(1);
+            ks.seen.set_running(true);
             task.run(permit, &|panicked| {
                 self.finish_task(panicked);
                 if panicked && self.pauses_on_panic() {
@@ -160,6 +164,7 @@ where
                     ks.control.pause();
                 }
             });
+            ks.seen.set_running(false);
             ran += 1;
             match self.slot.phase.leave_running() {
                 AfterTask::Continue => {}
@@ -238,11 +243,15 @@ where
             self.shared.global().push(Runnable::Chain(entry_ptr));
             return Polled::Exit;
         }
+        // SAFETY: we own the chain, so the entry is alive.
+        let seen = &unsafe { entry_ptr.as_ref() }.value().seen;
         if first {
             // Started: it holds no capacity slot from now on, and counts as running until it
             // completes.
             self.release_capacity();
             self.bump(|c| &c.started);
+            seen.left(1);
+            seen.set_running(true);
         }
         parking.state().begin_poll();
         let waker = Waker::from(parking.clone());
@@ -258,6 +267,7 @@ where
         drop(waker);
         let after = self.slot.phase.leave_running();
         if polled.is_ready() {
+            seen.set_running(false);
             parking.state().finish();
             crate::user::drop_quietly(task);
             return match after {
@@ -272,6 +282,7 @@ where
         if after != AfterTask::Continue {
             // `shutdown_now` stopped us while the future was pending: a started future is
             // cancelled (it ended, for the counters).
+            seen.set_running(false);
             parking.state().finish();
             self.finish_task(false);
             task.cancel(Abandon::Cancelled);

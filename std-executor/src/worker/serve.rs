@@ -308,6 +308,7 @@ where
             .store(&key as *const K as usize, Ordering::Relaxed);
         self.release_capacity();
         self.bump(|c| &c.started);
+        self.slot.direct_hash.store(hash, Ordering::Relaxed);
         let word = lane.map(|l| &sh.lanes().get(l).word);
         let run = word.map(|w| w.begin(self.index, hash as usize));
         task.run(&|panicked| {
