@@ -1,4 +1,4 @@
-//! The workloads W1–W6, generic over the executor.
+//! The workloads W1–W7, generic over the executor.
 //!
 //! Every task of every workload goes through the [`Checker`]: per key and submitting thread it must
 //! start in submission order, never while another task of its key runs, and the tasks run must add
@@ -13,6 +13,7 @@
 //! | `w4_head_of_line` | 1 slow key (100 tasks sleeping 5 ms each) interleaved with 1,000 fast keys × 20 empty tasks, all submitted at once. p50/p99/max submit-to-start latency of the fast tasks. |
 //! | `w5_skew` | 4 producer threads × 250,000 tasks at once; each producer owns 25,000 of the 100,000 keys and draws its keys from Zipf(1.0) over them; each task does 100 relaxed `fetch_add`s. Tasks/s and submit-to-start latency. |
 //! | `w6_scale_*` | W2's shape (empty tasks, round-robin, one submitter) over 1 k, 100 k and 1 M distinct keys, 2 M tasks each (at least 2 per key): how the cost per task grows with the number of keys in play. |
+//! | `w7_async_*` | 100 k and 1 M keys × 10 futures each, round-robin, one submitter; each future yields once (its first poll hands its waker to a reactor thread, which wakes it; its second poll completes). Tasks/s and the peak RSS growth during the run. Run only on executors that hold no thread while a future is pending (keyserial's `submit_async`, a tokio actor per key, a tokio `Mutex` per key). |
 //!
 //! Those are the issue's sizes ([`Size::Full`]); [`Size::Default`] cuts W1, W5 and W6 so that the
 //! compare program's default run stays near 2 minutes on 2 cores.
@@ -27,13 +28,16 @@
 //! Submission is a burst (as fast as the submitter can go), so latencies include queueing behind
 //! earlier tasks; what W4 shows is whose fast tasks wait behind the slow key.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::checker::Checker;
-use crate::exec::Task;
 use crate::exec::{KeyedExecutor, OrderGuarantee, StaticRef};
+use crate::exec::{Task, TaskFuture};
 use crate::rss::RssSampler;
 use crate::work;
 use rand::rngs::SmallRng;
@@ -168,6 +172,13 @@ pub enum Workload {
         /// Relaxed `fetch_add`s per task.
         adds: u32,
     },
+    /// W7: `keys` × `futures_per_key` futures that yield once, round-robin, one submitter.
+    Async {
+        /// Number of keys.
+        keys: u64,
+        /// Futures per key.
+        futures_per_key: u32,
+    },
 }
 
 /// What one run of a workload measured.
@@ -299,7 +310,25 @@ impl Workload {
             .collect()
     }
 
-    /// Every workload at `size`, in order W1 … W6.
+    /// W7's points (`Full`: 100 k and 1 M keys × 10 futures; `Default` and `Quick` run one
+    /// point only).
+    pub fn w7(size: Size) -> Vec<Self> {
+        let (per_key, keys): (u32, &[u64]) = match size {
+            Size::Full => (10, &[100_000, 1_000_000]),
+            Size::Default => (10, &[100_000]),
+            Size::Quick => (10, &[20_000]),
+            Size::Bench => (5, &[10_000]),
+            Size::Tiny => (3, &[20, 1_000]),
+        };
+        keys.iter()
+            .map(|&keys| Workload::Async {
+                keys,
+                futures_per_key: per_key,
+            })
+            .collect()
+    }
+
+    /// Every workload at `size`, in order W1 … W7.
     pub fn all(size: Size) -> Vec<Self> {
         let mut v = vec![
             Self::w1(size),
@@ -309,6 +338,7 @@ impl Workload {
             Self::w5(size),
         ];
         v.extend(Self::w6(size));
+        v.extend(Self::w7(size));
         v
     }
 
@@ -321,6 +351,7 @@ impl Workload {
             Workload::HeadOfLine { .. } => "W4",
             Workload::Skew { .. } => "W5",
             Workload::Overhead { scale: true, .. } => "W6",
+            Workload::Async { .. } => "W7",
         }
     }
 
@@ -369,6 +400,9 @@ impl Workload {
             Workload::ManyKeys { .. } => "w3_many_keys".into(),
             Workload::HeadOfLine { .. } => "w4_head_of_line".into(),
             Workload::Skew { .. } => "w5_skew".into(),
+            Workload::Async { keys, .. } => {
+                format!("w7_async_{}", fmt_count(*keys).to_lowercase())
+            }
         }
     }
 
@@ -426,6 +460,15 @@ impl Workload {
                 exponent,
                 adds
             ),
+            Workload::Async {
+                keys,
+                futures_per_key,
+            } => format!(
+                "W7 async: {} keys x {} futures that yield once (woken from a reactor thread), \
+                 round-robin, 1 submitter",
+                fmt_count(*keys),
+                futures_per_key
+            ),
         }
     }
 
@@ -436,6 +479,7 @@ impl Workload {
             Workload::ManyKeys { keys } => *keys as usize,
             Workload::HeadOfLine { fast_keys, .. } => *fast_keys as usize + 1,
             Workload::Skew { keys, .. } => *keys,
+            Workload::Async { keys, .. } => *keys as usize,
         }
     }
 
@@ -464,6 +508,10 @@ impl Workload {
                 tasks_per_producer,
                 ..
             } => *producers as u64 * tasks_per_producer,
+            Workload::Async {
+                keys,
+                futures_per_key,
+            } => keys * u64::from(*futures_per_key),
         }
     }
 
@@ -475,6 +523,7 @@ impl Workload {
             Workload::ManyKeys { .. } => vec![RATE, RSS],
             Workload::HeadOfLine { .. } => vec![P99, P50, MAX, WALL],
             Workload::Skew { .. } => vec![RATE, P99, P50],
+            Workload::Async { .. } => vec![RATE, RSS, WALL],
         }
     }
 
@@ -582,6 +631,10 @@ impl Workload {
                 adds,
                 timeout,
             ),
+            Workload::Async {
+                keys,
+                futures_per_key,
+            } => async_round_robin(exec, mode, keys, futures_per_key, timeout),
         }
     }
 }
@@ -992,6 +1045,124 @@ fn skew<E: KeyedExecutor>(
     out
 }
 
+/// W7's shared state: the checker and the reactor's queue of wakers.
+struct AsyncState {
+    chk: Checker,
+    reactor: crossbeam_channel::Sender<Waker>,
+}
+
+/// W7's future: its first poll enters the checker, hands its waker to the reactor thread and
+/// returns `Pending`; the reactor wakes it, and its second poll leaves the checker and completes.
+/// The same future, 24 bytes, for every contender.
+struct YieldOnce {
+    r: StaticRef<AsyncState>,
+    key: u64,
+    seq: u32,
+    yielded: bool,
+}
+
+impl Future for YieldOnce {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.yielded {
+            self.r.chk.exit(self.key);
+            return Poll::Ready(());
+        }
+        self.yielded = true;
+        self.r.chk.enter(self.key, 0, self.seq);
+        // The reactor outlives every future of the run (it stops when `AsyncState` is dropped).
+        let _ = self.r.reactor.send(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// W7: `keys` × `per_key` [`YieldOnce`] futures, round-robin over keys, one submitter; a reactor
+/// thread wakes each future once. Tasks/s and the peak RSS growth (sampled from before the first
+/// submit to the last completion; in the boxed mode the boxes are made before it starts).
+fn async_round_robin<E: KeyedExecutor>(
+    exec: &E,
+    mode: Mode,
+    keys: u64,
+    per_key: u32,
+    timeout: Duration,
+) -> Outcome {
+    let (tx, rx) = crossbeam_channel::unbounded::<Waker>();
+    let reactor = std::thread::Builder::new()
+        .name("w7-reactor".into())
+        .spawn(move || {
+            for waker in rx {
+                waker.wake();
+            }
+        })
+        .expect("spawn the reactor");
+    let state = Box::new(AsyncState {
+        chk: Checker::new(keys as usize),
+        reactor: tx,
+    });
+    // SAFETY: `state` lives until every future finished (or is leaked by `release`).
+    let r = unsafe { StaticRef::new(&*state) };
+    let futures = move || {
+        (0..per_key).flat_map(move |seq| {
+            (0..keys).map(move |key| {
+                (
+                    key,
+                    YieldOnce {
+                        r,
+                        key,
+                        seq,
+                        yielded: false,
+                    },
+                )
+            })
+        })
+    };
+    let mut boxed: Vec<(u64, TaskFuture)> = match mode {
+        Mode::Closure => Vec::new(),
+        Mode::Boxed => futures()
+            .map(|(key, f)| (key, Box::pin(f) as TaskFuture))
+            .collect(),
+    };
+    let sampler = RssSampler::start(Duration::from_millis(2));
+    let t0 = Instant::now();
+    match mode {
+        Mode::Closure => {
+            for (key, f) in futures() {
+                exec.submit_future(key, f);
+            }
+        }
+        Mode::Boxed => {
+            for (key, f) in boxed.drain(..) {
+                exec.submit_future_boxed(key, f);
+            }
+        }
+    }
+    let finished = exec.wait_idle(timeout);
+    let elapsed = t0.elapsed();
+    let peak = sampler.stop();
+    drop(boxed);
+    let st = &*state;
+    let tasks = keys * u64::from(per_key);
+    let out = Outcome {
+        elapsed,
+        expected: tasks,
+        ran: st.chk.ran(),
+        violations: st.chk.violations(),
+        finished,
+        values: vec![
+            tasks as f64 / elapsed.as_secs_f64(),
+            peak as f64,
+            elapsed.as_nanos() as f64,
+        ],
+    };
+    release(state, finished);
+    if finished {
+        // The state (the reactor's sender) is gone: the reactor's loop ends.
+        let _ = reactor.join();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1017,7 +1188,9 @@ mod tests {
                 "w5_skew",
                 "w6_scale_1k",
                 "w6_scale_100k",
-                "w6_scale_1m"
+                "w6_scale_1m",
+                "w7_async_100k",
+                "w7_async_1m"
             ]
         );
         assert_eq!(Workload::w1(Size::Full).tasks(), 800_000);
