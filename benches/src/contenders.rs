@@ -126,7 +126,9 @@ impl Contender {
     /// One line on what the contender is, for the legend.
     pub fn describe(self, workers: usize) -> String {
         match self {
-            Contender::Keyserial => format!("keyserial::Serializer<u64>, {workers} workers, execute()"),
+            Contender::Keyserial => format!(
+                "keyserial::Serializer<u64>, {workers} workers, execute() (W7: submit_async())"
+            ),
             Contender::KeyserialBounded => format!(
                 "the same with .capacity({BOUNDED_CAPACITY}): submit waits while that many tasks are queued"
             ),
@@ -166,13 +168,19 @@ impl Contender {
     /// Whether the contender runs `w` at all (a row of `w`'s table). W7's futures only run on
     /// executors that hold no thread while a future is pending; `tokio_mutex` runs W7 only;
     /// `keyserial_bounded` runs where the bound matters: where tasks create keys faster than
-    /// workers retire them (W3, W6), and where several producers outrun the workers and wait on
-    /// it together (W5).
+    /// workers retire them (W3, W6), where several producers outrun the workers and wait on
+    /// it together (W5), and where one submitter outruns the workers with futures (W7).
     pub fn runs_on(self, w: &Workload) -> bool {
         match (self, w.group()) {
-            (Contender::Keyserial | Contender::TokioActor | Contender::TokioMutex, "W7") => true,
+            (
+                Contender::Keyserial
+                | Contender::KeyserialBounded
+                | Contender::TokioActor
+                | Contender::TokioMutex,
+                "W7",
+            ) => true,
             (_, "W7") | (Contender::TokioMutex, _) => false,
-            (Contender::KeyserialBounded, g) => matches!(g, "W3" | "W5" | "W6"),
+            (Contender::KeyserialBounded, g) => matches!(g, "W3" | "W5" | "W6" | "W7"),
             _ => true,
         }
     }

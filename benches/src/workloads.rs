@@ -666,10 +666,11 @@ impl Mode {
     pub fn describe(self) -> &'static str {
         match self {
             Mode::Closure => {
-                "each task a closure passed to submit (keyserial takes it as is, baselines box it)"
+                "each task a closure (W7: a future) passed to submit as is (the baselines box it)"
             }
             Mode::Boxed => {
-                "every task a Box<dyn FnOnce() + Send> built before the timing, the same for all"
+                "every task a Box<dyn FnOnce() + Send> (W7: a Pin<Box<dyn Future>>) built before \
+                 the timing, the same for all"
             }
         }
     }
