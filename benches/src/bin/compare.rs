@@ -14,36 +14,42 @@ use keyserial_benches::workloads::{Metric, Mode, Outcome, Size, Unit, Workload};
 const ABOUT: &str = "keyserial against the executors you would otherwise write, on this machine.";
 
 const AFTER_HELP: &str = "\
-WORKLOADS (sizes of --full; the default run cuts the ones marked *):
-  W1* gatling        16 keys x 50,000 tasks (default 5,000), round-robin, 1,000 relaxed fetch_add
-                     each; wall time
-  W2  overhead       1,000 keys x 1,000 empty tasks, one submitter; tasks/s
-  W3  many keys      1,000,000 distinct keys x 1 task; tasks/s and peak RSS growth
-  W4  head-of-line   1 slow key (100 tasks x 5 ms sleep) among 1,000 fast keys x 20 empty tasks;
-                     p50/p99/max submit-to-start latency of the fast tasks
-  W5* skew           4 producer threads x 250,000 tasks (default 50,000), each producer owning
-                     25,000 of 100,000 keys drawn Zipf(1.0), 100 relaxed fetch_add per task;
-                     tasks/s, p50/p99 submit-to-start latency
-  W6* scale          W2's shape over 1 k, 100 k and 1 M keys, 2 M tasks each (default 1 M, at
-                     least 2 per key); tasks/s
+WORKLOADS (sizes of --full, the sizes of BENCHMARKS.md's results; the default run's in brackets):
+  W1 gatling       16 keys x 5,000 tasks [2,500], round-robin, 1,000 relaxed fetch_add each;
+                   wall time
+  W2 overhead      1,000 keys x 1,000 empty tasks [300], one submitter; tasks/s
+  W3 many keys     1,000,000 distinct keys [500,000] x 1 task; tasks/s and peak RSS growth
+  W4 head-of-line  1 slow key (100 tasks [20] x 5 ms sleep) among 1,000 fast keys x 20 empty
+                   tasks; p50/p99/max submit-to-start latency of the fast tasks
+  W5 skew          4 producer threads x 50,000 tasks [25,000], each producer owning 25,000 of
+                   100,000 keys drawn Zipf(1.0), 100 relaxed fetch_add per task; tasks/s,
+                   p50/p99 submit-to-start latency
+  W6 scale         W2's shape over 1 k, 100 k and 1 M keys, 1 M tasks each [300 k], at least 2
+                   per key; tasks/s
+  W7 async         100 k and 1 M keys [20 k only] x 10 futures that yield once (the first poll
+                   hands the waker to a reactor thread, which wakes it), round-robin, one
+                   submitter; tasks/s and peak RSS growth. Run on keyserial (submit_async),
+                   tokio_actor and tokio_mutex only: the thread-based designs would hold a
+                   thread per pending future
 
 MODES:
-  closure  each task is a closure passed to the executor's submit: keyserial's execute() takes it
-           as it is, the hand-rolled baselines box it inside submit (timed)
-  boxed    every task is a Box<dyn FnOnce() + Send> built before the timing starts and passed to
-           every contender, keyserial included, through the same submit(key, task) call
+  closure  each task is a closure (W7: a future) passed to the executor's submit: keyserial takes
+           it as it is, the hand-rolled baselines box it inside submit (timed)
+  boxed    every task is a Box<dyn FnOnce() + Send> (W7: a Pin<Box<dyn Future>>) built before the
+           timing starts and passed to every contender, keyserial included, the same way
 
 READING THE TABLES:
   Each workload gets one table per mode. The ratio column is row / keyserial on the table's first
-  metric. The last line names the winner (every row but inline, the work's own cost) and gives
-  keyserial / the best ORDERED contender (thread_per_key, lanes, striped, tokio_actor; the
-  unordered pool keeps no order): for throughput >= 1.00 is a win, for times <= 1.00 is. A summary
-  of those ratios against issue 14's targets ends the run.
+  metric. The last line names the best row and gives keyserial / the contender its target is set
+  against: the best ORDERED contender (thread_per_key, lanes_1x, lanes_4x, striped, tokio_actor)
+  for W1-W6, tokio_actor for W7; then whether that ratio meets the target, or, where none is set,
+  whether keyserial is ahead. Ratios are judged as printed (2 decimals). The run ends with every
+  verdict side by side (\"Targets\"), in the same words.
 
 Every keyed run is checked: per key, tasks must start in submission order and never overlap, and
 every submitted task must run. The program exits with status 1 if any ordered executor violated
-order or any executor lost a task (the unordered pool's order is not checked: it is not a
-serializer).";
+order or any executor lost a task. tokio_mutex's order is checked and reported but not promised
+(a mutex grants in the order tasks first poll it); the unordered reference is not checked.";
 
 /// Which modes to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -70,12 +76,15 @@ impl ModeArg {
 #[derive(Parser, Debug)]
 #[command(name = "compare", about = ABOUT, after_help = AFTER_HELP)]
 struct Cli {
-    /// Smaller workloads, run budget 0.6 s per row (about 40 s on 2 cores)
+    /// Smaller workloads still, 3 runs a row (W4: 5) within 0.6 s per 3 runs (about 25 s on 2
+    /// cores)
     #[arg(long, conflicts_with = "full")]
     quick: bool,
 
-    /// The issue's exact sizes (W1 16 x 50,000 tasks, W5 4 x 250,000 tasks, W6 2 M tasks per
-    /// point); several minutes on 2 cores
+    /// The sizes of BENCHMARKS.md's results (W1 16 x 5,000 tasks, W3 1 M keys, W4's slow key
+    /// 100 x 5 ms, W6 1 M tasks per point, W7 also at 1 M keys) and up to 7 runs a row (W1: 5)
+    /// within 4 s per 3 runs; about 10 minutes on 2 cores. Without --quick or --full: every
+    /// workload smaller, 3 runs a row (W4: 5) within 1.2 s per 3 runs, about a minute
     #[arg(long)]
     full: bool,
 
@@ -83,7 +92,7 @@ struct Cli {
     #[arg(long, value_enum, default_value_t = ModeArg::Both)]
     mode: ModeArg,
 
-    /// Comma-separated groups or ids to run, e.g. W1,W4 or w6_scale_1m [default: all of W1..W6]
+    /// Comma-separated groups or ids to run, e.g. W1,W4 or w6_scale_1m [default: all of W1..W7]
     #[arg(
         long = "workload",
         visible_alias = "workloads",
@@ -110,9 +119,8 @@ struct Cli {
     references: bool,
 
     /// Exactly N runs per workload, mode and executor; the table shows the median and min-max.
-    /// Default: up to 7 runs (5 for W1, whose runs are longer), but a
-    /// row stops after the run that takes it past 4 s per 3 runs (0.6 s with --quick), so slow
-    /// rows get 1 or 2 runs
+    /// Default: up to 3 runs (W4: 5; with --full 7, W1: 5), but a row skips a run that would
+    /// take it past 1.2 s per 3 runs (--quick: 0.6 s, --full: 4 s), so slow rows get 1 or 2
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     repeat: Option<u32>,
 
@@ -163,7 +171,8 @@ struct Args {
     references: bool,
     /// Runs per row: `--repeat`, or the workload's default ([`Args::runs_for`]).
     repeat: usize,
-    /// Per-row time budget of 3 runs when `--repeat` was not given.
+    /// Per-row time budget of 3 runs when `--repeat` was not given: a row skips a run that would
+    /// take it past it (judged by its runs so far).
     budget: Option<Duration>,
     workers: usize,
     json: Option<String>,
@@ -183,10 +192,10 @@ impl From<Cli> for Args {
             Some(n) => (n as usize, None),
             None => (
                 3,
-                Some(if size == Size::Quick {
-                    Duration::from_millis(600)
-                } else {
-                    Duration::from_secs(4)
+                Some(match size {
+                    Size::Quick => Duration::from_millis(600),
+                    Size::Full => Duration::from_secs(4),
+                    _ => Duration::from_millis(1_200),
                 }),
             ),
         };
@@ -206,11 +215,11 @@ impl From<Cli> for Args {
 }
 
 impl Args {
-    /// Runs per row of workload `w`: `--repeat` if given, else the workload's default
-    /// ([`Workload::default_runs`]: 5 for W1, 7 for the short, noisy others).
+    /// Runs per row of workload `w`: `--repeat` if given, else the workload's default at this
+    /// size ([`Workload::runs`]: 3, W4 5; with `--full` 7, W1 5).
     fn runs_for(&self, w: &Workload) -> usize {
         if self.budget.is_some() {
-            w.default_runs()
+            w.runs(self.size)
         } else {
             self.repeat
         }
@@ -607,7 +616,19 @@ impl Verdict {
                     let Some((k, b)) = self.pairs[i] else {
                         continue;
                     };
+                    let judged = self.targets.iter().any(|t| t.metric == i);
                     match m.key {
+                        // A memory figure without a target: both sides, no ratio (a ratio of
+                        // two small growths says little).
+                        "peak_rss_bytes" if !judged => {
+                            let _ = write!(
+                                s,
+                                "; {} {} vs {}",
+                                m.header,
+                                fmt_value(m.unit, k),
+                                fmt_value(m.unit, b)
+                            );
+                        }
                         "peak_rss_bytes" | "latency_p50_ns" => {
                             let reading = self.reading(i);
                             let _ = write!(
@@ -1051,6 +1072,15 @@ fn render_json(args: &Args, tables: &[Table], ok: bool) -> String {
     let _ = writeln!(o, "  \"workers\": {},", args.workers);
     let _ = writeln!(o, "  \"repeat\": {},", args.repeat);
     let _ = writeln!(o, "  \"quick\": {},", args.size == Size::Quick);
+    let _ = writeln!(
+        o,
+        "  \"size\": {},",
+        json_str(match args.size {
+            Size::Quick => "quick",
+            Size::Full => "full",
+            _ => "default",
+        })
+    );
     let modes: Vec<String> = args.modes.iter().map(|m| json_str(m.id())).collect();
     let _ = writeln!(o, "  \"modes\": [{}],", modes.join(", "));
     let _ = writeln!(o, "  \"ok\": {ok},");
@@ -1165,7 +1195,7 @@ fn runs_text(args: &Args, workloads: &[Workload]) -> String {
         .collect();
     if let Some(b) = args.budget {
         notes.push(format!(
-            "a row stops early once past {:.1} s per 3 runs",
+            "a row skips a run that would take it past {:.1} s per 3 runs",
             b.as_secs_f64()
         ));
     }
@@ -1625,6 +1655,40 @@ mod tests {
         for gone in ["fifo_tickets", "steal_lanes"] {
             assert!(Cli::try_parse_from(["compare", "--executor", gone]).is_err());
         }
+    }
+
+    #[test]
+    fn the_header_states_the_runs_each_row_gets() {
+        let text = |argv: &[&str]| {
+            let a = Args::from(Cli::parse_from(argv));
+            let ws: Vec<Workload> = Workload::all(a.size)
+                .into_iter()
+                .filter(|w| selected(w, &a.workloads))
+                .collect();
+            for w in &ws {
+                // What the header says is what the loop runs.
+                let expected = if a.budget.is_some() {
+                    w.runs(a.size)
+                } else {
+                    a.repeat
+                };
+                assert_eq!(a.runs_for(w), expected);
+            }
+            runs_text(&a, &ws)
+        };
+        assert_eq!(
+            text(&["compare"]),
+            "up to 3 runs per row (W4: 5; a row skips a run that would take it past 1.2 s per 3 runs)"
+        );
+        assert_eq!(
+            text(&["compare", "--full"]),
+            "up to 7 runs per row (W1: 5; a row skips a run that would take it past 4.0 s per 3 runs)"
+        );
+        assert_eq!(text(&["compare", "--repeat", "2"]), "2 runs per row");
+        assert_eq!(
+            text(&["compare", "--workload", "W4"]),
+            "up to 5 runs per row (a row skips a run that would take it past 1.2 s per 3 runs)"
+        );
     }
 
     #[test]
