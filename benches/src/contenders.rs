@@ -11,6 +11,7 @@ use crate::lanes::Lanes;
 use crate::striped::Striped;
 use crate::thread_per_key::ThreadPerKey;
 use crate::tokio_actor::TokioActor;
+use crate::tokio_mutex::TokioMutex;
 use crate::unordered::Unordered;
 use crate::workloads::Workload;
 
@@ -48,19 +49,22 @@ pub enum Contender {
     Striped,
     /// A tokio actor per key.
     TokioActor,
+    /// A tokio `Mutex` per key, each future a spawned task holding it (W7 only).
+    TokioMutex,
     /// A plain pool on one channel (not a serializer).
     Unordered,
 }
 
 impl Contender {
     /// The baselines, in table order.
-    pub const BASELINES: [Contender; 7] = [
+    pub const BASELINES: [Contender; 8] = [
         Contender::Inline,
         Contender::ThreadPerKey,
         Contender::Lanes1x,
         Contender::Lanes4x,
         Contender::Striped,
         Contender::TokioActor,
+        Contender::TokioMutex,
         Contender::Unordered,
     ];
 
@@ -73,6 +77,21 @@ impl Contender {
         }
         v.extend(Self::BASELINES);
         v
+    }
+
+    /// The rows of the compare program's default run: keyserial and the designs a user would
+    /// pick instead. Not the two references, which no user would pick as a serializer: `inline`
+    /// (the work's own cost) and `unordered` (a handoff that keeps no order).
+    pub fn picks() -> Vec<Contender> {
+        Self::all()
+            .into_iter()
+            .filter(|c| !c.is_reference())
+            .collect()
+    }
+
+    /// `inline` and `unordered`: floors to read the others against, not serializers.
+    pub fn is_reference(self) -> bool {
+        matches!(self, Contender::Inline | Contender::Unordered)
     }
 
     /// Whether the keyserial adapter is part of this build.
@@ -91,6 +110,7 @@ impl Contender {
             Contender::Lanes4x => "lanes_4x",
             Contender::Striped => "striped",
             Contender::TokioActor => "tokio_actor",
+            Contender::TokioMutex => "tokio_mutex",
             Contender::Unordered => "unordered",
         }
     }
@@ -106,7 +126,9 @@ impl Contender {
     /// One line on what the contender is, for the legend.
     pub fn describe(self, workers: usize) -> String {
         match self {
-            Contender::Keyserial => format!("keyserial::Serializer<u64>, {workers} workers, execute()"),
+            Contender::Keyserial => format!(
+                "keyserial::Serializer<u64>, {workers} workers, execute() (W7: submit_async())"
+            ),
             Contender::KeyserialBounded => format!(
                 "the same with .capacity({BOUNDED_CAPACITY}): submit waits while that many tasks are queued"
             ),
@@ -120,15 +142,47 @@ impl Contender {
             Contender::TokioActor => format!(
                 "tokio actor per key (unbounded mpsc + spawned task), {workers} runtime workers"
             ),
+            Contender::TokioMutex => format!(
+                "W7: map of Arc<tokio::sync::Mutex<()>> per key, each future spawned and holding its \
+                 key's lock, {workers} runtime workers"
+            ),
             Contender::Unordered => format!(
                 "{workers} workers on one crossbeam channel, no order (floor of a handoff)"
             ),
         }
     }
 
-    /// Whether the contender promises per-key order (the unordered pool does not).
+    /// Whether the contender promises per-key order, so that an order violation fails the run.
+    /// Not the unordered pool, and not `tokio_mutex`: a mutex per key excludes, but its lock
+    /// order is the order its tasks first poll, not quite the order they were spawned.
     pub fn is_ordered(self) -> bool {
+        !matches!(self, Contender::Unordered | Contender::TokioMutex)
+    }
+
+    /// Whether the contender's runs are order-checked and their violations shown: every
+    /// contender but the unordered pool (`tokio_mutex`'s are reported, not fatal).
+    pub fn is_order_checked(self) -> bool {
         self != Contender::Unordered
+    }
+
+    /// Whether the contender runs `w` at all (a row of `w`'s table). W7's futures only run on
+    /// executors that hold no thread while a future is pending; `tokio_mutex` runs W7 only;
+    /// `keyserial_bounded` runs where the bound matters: where tasks create keys faster than
+    /// workers retire them (W3, W6), where several producers outrun the workers and wait on
+    /// it together (W5), and where one submitter outruns the workers with futures (W7).
+    pub fn runs_on(self, w: &Workload) -> bool {
+        match (self, w.group()) {
+            (
+                Contender::Keyserial
+                | Contender::KeyserialBounded
+                | Contender::TokioActor
+                | Contender::TokioMutex,
+                "W7",
+            ) => true,
+            (_, "W7") | (Contender::TokioMutex, _) => false,
+            (Contender::KeyserialBounded, g) => matches!(g, "W3" | "W5" | "W6" | "W7"),
+            _ => true,
+        }
     }
 
     /// Whether keyserial's ratios are taken against this contender: the ordered designs people
@@ -148,16 +202,12 @@ impl Contender {
     /// Why the contender is not run on `w`, if it is not.
     pub fn skip_reason(self, w: &Workload) -> Option<String> {
         match self {
+            _ if !self.runs_on(w) => Some(format!("not run on {}", w.group())),
             Contender::ThreadPerKey if w.keys() > THREAD_PER_KEY_MAX => {
                 Some(format!("skipped ({} threads)", w.keys()))
             }
             Contender::Keyserial | Contender::KeyserialBounded if !KEYSERIAL => {
                 Some("not built".into())
-            }
-            // The bound matters where tasks create keys faster than workers retire them (W3,
-            // W6), and where several producers outrun the workers and wait on it together (W5).
-            Contender::KeyserialBounded if !matches!(w.group(), "W3" | "W5" | "W6") => {
-                Some("run on W3, W5 and W6 only".into())
             }
             _ => None,
         }
@@ -175,6 +225,7 @@ impl Contender {
             Contender::Lanes4x => v.visit(&Lanes::new("lanes_4x", 4 * workers)),
             Contender::Striped => v.visit(&Striped::new(workers)),
             Contender::TokioActor => v.visit(&TokioActor::new(workers)),
+            Contender::TokioMutex => v.visit(&TokioMutex::new(workers)),
             Contender::Unordered => v.visit(&Unordered::new(workers)),
         }
     }

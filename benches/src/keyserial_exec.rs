@@ -6,8 +6,11 @@
 //! own allocation per task is part of what is measured). In the boxed mode the closure is the
 //! pre-boxed `Task` itself, passed to `execute` the same way (the default
 //! [`KeyedExecutor::submit_boxed`]).
+//! Futures (W7) go to `submit_async(key, future)`, wrapped only to count their completion; the
+//! handle it returns is dropped at once (the future still runs).
 //! Waiting for idle uses the same [`Completion`] counters as every baseline.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,6 +61,23 @@ impl KeyedExecutor for KeyserialExec {
             done.completed();
         }) {
             // Not run: count it as finished so `wait_idle` returns; the checker reports it lost.
+            drop(rejected);
+            self.done.completed();
+        }
+    }
+
+    #[inline]
+    fn submit_future<F>(&self, key: u64, fut: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.done.submitted();
+        // SAFETY: as in `submit`: the serializer, which owns the futures, is dropped first.
+        let done = unsafe { StaticRef::new(&*self.done) };
+        if let Err(rejected) = self.ser.submit_async(key, async move {
+            fut.await;
+            done.completed();
+        }) {
             drop(rejected);
             self.done.completed();
         }

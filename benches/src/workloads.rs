@@ -1,4 +1,4 @@
-//! The workloads W1–W6, generic over the executor.
+//! The workloads W1–W7, generic over the executor.
 //!
 //! Every task of every workload goes through the [`Checker`]: per key and submitting thread it must
 //! start in submission order, never while another task of its key runs, and the tasks run must add
@@ -7,15 +7,18 @@
 //!
 //! | id | what |
 //! |---|---|
-//! | `w1_gatling` | 16 keys × 50,000 tasks, round-robin; each task does 1,000 relaxed `fetch_add`s on a task-local atomic and bumps its key's counter (GatlingExecutor's own benchmark). Wall time. |
+//! | `w1_gatling` | 16 keys × 5,000 tasks, round-robin; each task does 1,000 relaxed `fetch_add`s on a task-local atomic and bumps its key's counter (GatlingExecutor's own benchmark). Wall time. |
 //! | `w2_overhead` | 1,000 keys × 1,000 empty tasks, round-robin, one submitting thread. Tasks/s. |
 //! | `w3_many_keys` | 1,000,000 distinct keys × 1 empty task. Tasks/s and the peak RSS growth during the run. |
 //! | `w4_head_of_line` | 1 slow key (100 tasks sleeping 5 ms each) interleaved with 1,000 fast keys × 20 empty tasks, all submitted at once. p50/p99/max submit-to-start latency of the fast tasks. |
-//! | `w5_skew` | 4 producer threads × 250,000 tasks at once; each producer owns 25,000 of the 100,000 keys and draws its keys from Zipf(1.0) over them; each task does 100 relaxed `fetch_add`s. Tasks/s and submit-to-start latency. |
-//! | `w6_scale_*` | W2's shape (empty tasks, round-robin, one submitter) over 1 k, 100 k and 1 M distinct keys, 2 M tasks each (at least 2 per key): how the cost per task grows with the number of keys in play. |
+//! | `w5_skew` | 4 producer threads × 50,000 tasks at once; each producer owns 25,000 of the 100,000 keys and draws its keys from Zipf(1.0) over them; each task does 100 relaxed `fetch_add`s. Tasks/s and submit-to-start latency. |
+//! | `w6_scale_*` | W2's shape (empty tasks, round-robin, one submitter) over 1 k, 100 k and 1 M distinct keys, 1 M tasks each (at least 2 per key): how the cost per task grows with the number of keys in play. |
+//! | `w7_async_*` | 100 k and 1 M keys × 10 futures each, round-robin, one submitter; each future yields once (its first poll hands its waker to a reactor thread, which wakes it; its second poll completes). Tasks/s and the peak RSS growth during the run. Run only on executors that hold no thread while a future is pending (keyserial's `submit_async`, a tokio actor per key, a tokio `Mutex` per key). |
 //!
-//! Those are the issue's sizes ([`Size::Full`]); [`Size::Default`] cuts W1, W5 and W6 so that the
-//! compare program's default run stays near 2 minutes on 2 cores.
+//! Those are the sizes of BENCHMARKS.md's results ([`Size::Full`], the compare program's
+//! `--full`), except W1 (16 × 5,000 tasks there), W5 (4 × 50,000 tasks) and W6 (1 M tasks per
+//! point); [`Size::Default`] cuts every workload so that the compare program's default run takes
+//! about a minute on 2 cores, with the same tables and verdicts.
 //!
 //! Every workload runs in two [`Mode`]s: each task a closure handed to the executor's generic
 //! `submit` (keyserial takes it as it is, the baselines box it inside `submit`, timed), or every
@@ -27,13 +30,16 @@
 //! Submission is a burst (as fast as the submitter can go), so latencies include queueing behind
 //! earlier tasks; what W4 shows is whose fast tasks wait behind the slow key.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::checker::Checker;
-use crate::exec::Task;
 use crate::exec::{KeyedExecutor, OrderGuarantee, StaticRef};
+use crate::exec::{Task, TaskFuture};
 use crate::rss::RssSampler;
 use crate::work;
 use rand::rngs::SmallRng;
@@ -104,10 +110,11 @@ const MAX: Metric = Metric {
 /// How big to make the workloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Size {
-    /// The issue's exact sizes (the compare program's `--full`; several minutes on 2 cores).
+    /// The sizes of BENCHMARKS.md's results (the compare program's `--full`; several minutes on
+    /// 2 cores).
     Full,
-    /// The compare program's default (about 2 minutes on 2 cores): the issue's sizes, except W1
-    /// (16 × 5,000 tasks), W5 (4 × 50 k tasks) and W6 (1 M tasks per point).
+    /// The compare program's default (about a minute on 2 cores): every workload cut, the same
+    /// tables and verdicts.
     Default,
     /// The compare program's `--quick`.
     Quick,
@@ -168,6 +175,13 @@ pub enum Workload {
         /// Relaxed `fetch_add`s per task.
         adds: u32,
     },
+    /// W7: `keys` × `futures_per_key` futures that yield once, round-robin, one submitter.
+    Async {
+        /// Number of keys.
+        keys: u64,
+        /// Futures per key.
+        futures_per_key: u32,
+    },
 }
 
 /// What one run of a workload measured.
@@ -203,11 +217,11 @@ fn fmt_count(n: u64) -> String {
 }
 
 impl Workload {
-    /// W1 (`Full`: the issue's 16 × 50,000 tasks of 1,000 `fetch_add`s).
+    /// W1 (`Full`: 16 × 5,000 tasks of 1,000 `fetch_add`s).
     pub fn w1(size: Size) -> Self {
         let (keys, tasks_per_key, adds) = match size {
-            Size::Full => (16, 50_000, 1_000),
-            Size::Default => (16, 5_000, 1_000),
+            Size::Full => (16, 5_000, 1_000),
+            Size::Default => (16, 2_500, 1_000),
             Size::Quick => (16, 1_000, 1_000),
             Size::Bench => (16, 1_000, 1_000),
             Size::Tiny => (4, 50, 10),
@@ -222,8 +236,9 @@ impl Workload {
     /// W2 (`Full`: 1,000 keys × 1,000 empty tasks).
     pub fn w2(size: Size) -> Self {
         let (keys, tasks_per_key) = match size {
-            Size::Full | Size::Default => (1_000, 1_000),
-            Size::Quick => (1_000, 200),
+            Size::Full => (1_000, 1_000),
+            Size::Default => (1_000, 300),
+            Size::Quick => (1_000, 100),
             Size::Bench => (1_000, 20),
             Size::Tiny => (10, 20),
         };
@@ -237,7 +252,8 @@ impl Workload {
     /// W3 (`Full`: 1,000,000 keys × 1 task).
     pub fn w3(size: Size) -> Self {
         let keys = match size {
-            Size::Full | Size::Default => 1_000_000,
+            Size::Full => 1_000_000,
+            Size::Default => 500_000,
             Size::Quick => 200_000,
             Size::Bench => 20_000,
             Size::Tiny => 500,
@@ -245,11 +261,13 @@ impl Workload {
         Workload::ManyKeys { keys }
     }
 
-    /// W4 (`Full`: 1 slow key of 100 × 5 ms among 1,000 fast keys × 20 empty tasks).
+    /// W4 (`Full`: 1 slow key of 100 × 5 ms among 1,000 fast keys × 20 empty tasks; the
+    /// default run's slow key sleeps 20 × 5 ms, still far longer than the fast burst takes).
     pub fn w4(size: Size) -> Self {
         let (slow_tasks, ms, fast_keys, fast_tasks_per_key) = match size {
-            Size::Full | Size::Default => (100, 5, 1_000, 20),
-            Size::Quick => (20, 5, 1_000, 5),
+            Size::Full => (100, 5, 1_000, 20),
+            Size::Default => (20, 5, 1_000, 20),
+            Size::Quick => (10, 5, 1_000, 5),
             Size::Bench => (10, 1, 200, 5),
             Size::Tiny => (3, 1, 20, 3),
         };
@@ -261,12 +279,12 @@ impl Workload {
         }
     }
 
-    /// W5 (`Full`: 4 producers × 250,000 tasks, each owning 25,000 of 100,000 keys drawn
+    /// W5 (`Full`: 4 producers × 50,000 tasks, each owning 25,000 of 100,000 keys drawn
     /// Zipf(1.0), 100 relaxed `fetch_add`s per task).
     pub fn w5(size: Size) -> Self {
         let (keys, tasks_per_producer) = match size {
-            Size::Full => (100_000, 250_000),
-            Size::Default => (100_000, 50_000),
+            Size::Full => (100_000, 50_000),
+            Size::Default => (100_000, 25_000),
             Size::Quick => (100_000, 12_500),
             Size::Bench => (10_000, 5_000),
             Size::Tiny => (400, 500),
@@ -280,13 +298,13 @@ impl Workload {
         }
     }
 
-    /// W6's points (`Full`: 1 k, 100 k and 1 M keys, 2 M tasks each; at least 2 tasks per key;
+    /// W6's points (`Full`: 1 k, 100 k and 1 M keys, 1 M tasks each; at least 2 tasks per key;
     /// `Quick` drops the 1 M point).
     pub fn w6(size: Size) -> Vec<Self> {
         let (total, keys): (u64, &[u64]) = match size {
-            Size::Full => (2_000_000, &[1_000, 100_000, 1_000_000]),
-            Size::Default => (1_000_000, &[1_000, 100_000, 1_000_000]),
-            Size::Quick => (200_000, &[1_000, 100_000]),
+            Size::Full => (1_000_000, &[1_000, 100_000, 1_000_000]),
+            Size::Default => (300_000, &[1_000, 100_000, 1_000_000]),
+            Size::Quick => (100_000, &[1_000, 100_000]),
             Size::Bench => (20_000, &[1_000, 10_000]),
             Size::Tiny => (1_000, &[10, 1_000]),
         };
@@ -299,7 +317,25 @@ impl Workload {
             .collect()
     }
 
-    /// Every workload at `size`, in order W1 … W6.
+    /// W7's points (`Full`: 100 k and 1 M keys × 10 futures; `Default` and `Quick` run one
+    /// smaller point only).
+    pub fn w7(size: Size) -> Vec<Self> {
+        let (per_key, keys): (u32, &[u64]) = match size {
+            Size::Full => (10, &[100_000, 1_000_000]),
+            Size::Default => (10, &[20_000]),
+            Size::Quick => (10, &[5_000]),
+            Size::Bench => (5, &[10_000]),
+            Size::Tiny => (3, &[20, 1_000]),
+        };
+        keys.iter()
+            .map(|&keys| Workload::Async {
+                keys,
+                futures_per_key: per_key,
+            })
+            .collect()
+    }
+
+    /// Every workload at `size`, in order W1 … W7.
     pub fn all(size: Size) -> Vec<Self> {
         let mut v = vec![
             Self::w1(size),
@@ -309,6 +345,7 @@ impl Workload {
             Self::w5(size),
         ];
         v.extend(Self::w6(size));
+        v.extend(Self::w7(size));
         v
     }
 
@@ -321,10 +358,12 @@ impl Workload {
             Workload::HeadOfLine { .. } => "W4",
             Workload::Skew { .. } => "W5",
             Workload::Overhead { scale: true, .. } => "W6",
+            Workload::Async { .. } => "W7",
         }
     }
 
-    /// Runs per row when `compare` is not given `--repeat`: 5 for W1, 7 for the others.
+    /// Runs per row of `compare --full` without `--repeat`: 5 for W1, 7 for the others (the
+    /// default run and `--quick` take 3, W4 5: see [`Workload::runs`]).
     ///
     /// W4's figure is a p99 of about 20,000 start latencies on a run whose 500 ms are set by
     /// the slow key, so one run's p99 is a handful of the latest starts and moves by 3-4x
@@ -358,6 +397,27 @@ impl Workload {
         }
     }
 
+    /// Runs per row at `size` when `compare` is not given `--repeat`: [`default_runs`] for
+    /// `Full`; 3 otherwise, but 5 for W4, whose p99 moves most from run to run. Shorter runs
+    /// and fewer of them keep the default run near a minute; a verdict of the default run is
+    /// a first look, BENCHMARKS.md's figures are medians of `--full` rounds.
+    ///
+    /// [`default_runs`]: Workload::default_runs
+    ///
+    /// ```
+    /// use keyserial_benches::workloads::{Size, Workload};
+    /// assert_eq!(Workload::w4(Size::Default).runs(Size::Default), 5);
+    /// assert_eq!(Workload::w2(Size::Default).runs(Size::Default), 3);
+    /// assert_eq!(Workload::w2(Size::Full).runs(Size::Full), 7);
+    /// ```
+    pub fn runs(&self, size: Size) -> usize {
+        match (size, self) {
+            (Size::Full, _) => self.default_runs(),
+            (_, Workload::HeadOfLine { .. }) => 5,
+            _ => 3,
+        }
+    }
+
     /// Stable id, e.g. `w2_overhead` or `w6_scale_100k`.
     pub fn id(&self) -> String {
         match self {
@@ -369,6 +429,9 @@ impl Workload {
             Workload::ManyKeys { .. } => "w3_many_keys".into(),
             Workload::HeadOfLine { .. } => "w4_head_of_line".into(),
             Workload::Skew { .. } => "w5_skew".into(),
+            Workload::Async { keys, .. } => {
+                format!("w7_async_{}", fmt_count(*keys).to_lowercase())
+            }
         }
     }
 
@@ -426,6 +489,15 @@ impl Workload {
                 exponent,
                 adds
             ),
+            Workload::Async {
+                keys,
+                futures_per_key,
+            } => format!(
+                "W7 async: {} keys x {} futures that yield once (woken from a reactor thread), \
+                 round-robin, 1 submitter",
+                fmt_count(*keys),
+                futures_per_key
+            ),
         }
     }
 
@@ -436,6 +508,7 @@ impl Workload {
             Workload::ManyKeys { keys } => *keys as usize,
             Workload::HeadOfLine { fast_keys, .. } => *fast_keys as usize + 1,
             Workload::Skew { keys, .. } => *keys,
+            Workload::Async { keys, .. } => *keys as usize,
         }
     }
 
@@ -464,6 +537,10 @@ impl Workload {
                 tasks_per_producer,
                 ..
             } => *producers as u64 * tasks_per_producer,
+            Workload::Async {
+                keys,
+                futures_per_key,
+            } => keys * u64::from(*futures_per_key),
         }
     }
 
@@ -475,6 +552,7 @@ impl Workload {
             Workload::ManyKeys { .. } => vec![RATE, RSS],
             Workload::HeadOfLine { .. } => vec![P99, P50, MAX, WALL],
             Workload::Skew { .. } => vec![RATE, P99, P50],
+            Workload::Async { .. } => vec![RATE, RSS, WALL],
         }
     }
 
@@ -582,6 +660,10 @@ impl Workload {
                 adds,
                 timeout,
             ),
+            Workload::Async {
+                keys,
+                futures_per_key,
+            } => async_round_robin(exec, mode, keys, futures_per_key, timeout),
         }
     }
 }
@@ -613,10 +695,11 @@ impl Mode {
     pub fn describe(self) -> &'static str {
         match self {
             Mode::Closure => {
-                "each task a closure passed to submit (keyserial takes it as is, baselines box it)"
+                "each task a closure (W7: a future) passed to submit as is (the baselines box it)"
             }
             Mode::Boxed => {
-                "every task a Box<dyn FnOnce() + Send> built before the timing, the same for all"
+                "every task a Box<dyn FnOnce() + Send> (W7: a Pin<Box<dyn Future>>) built before \
+                 the timing, the same for all"
             }
         }
     }
@@ -992,6 +1075,124 @@ fn skew<E: KeyedExecutor>(
     out
 }
 
+/// W7's shared state: the checker and the reactor's queue of wakers.
+struct AsyncState {
+    chk: Checker,
+    reactor: crossbeam_channel::Sender<Waker>,
+}
+
+/// W7's future: its first poll enters the checker, hands its waker to the reactor thread and
+/// returns `Pending`; the reactor wakes it, and its second poll leaves the checker and completes.
+/// The same future, 24 bytes, for every contender.
+struct YieldOnce {
+    r: StaticRef<AsyncState>,
+    key: u64,
+    seq: u32,
+    yielded: bool,
+}
+
+impl Future for YieldOnce {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.yielded {
+            self.r.chk.exit(self.key);
+            return Poll::Ready(());
+        }
+        self.yielded = true;
+        self.r.chk.enter(self.key, 0, self.seq);
+        // The reactor outlives every future of the run (it stops when `AsyncState` is dropped).
+        let _ = self.r.reactor.send(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// W7: `keys` × `per_key` [`YieldOnce`] futures, round-robin over keys, one submitter; a reactor
+/// thread wakes each future once. Tasks/s and the peak RSS growth (sampled from before the first
+/// submit to the last completion; in the boxed mode the boxes are made before it starts).
+fn async_round_robin<E: KeyedExecutor>(
+    exec: &E,
+    mode: Mode,
+    keys: u64,
+    per_key: u32,
+    timeout: Duration,
+) -> Outcome {
+    let (tx, rx) = crossbeam_channel::unbounded::<Waker>();
+    let reactor = std::thread::Builder::new()
+        .name("w7-reactor".into())
+        .spawn(move || {
+            for waker in rx {
+                waker.wake();
+            }
+        })
+        .expect("spawn the reactor");
+    let state = Box::new(AsyncState {
+        chk: Checker::new(keys as usize),
+        reactor: tx,
+    });
+    // SAFETY: `state` lives until every future finished (or is leaked by `release`).
+    let r = unsafe { StaticRef::new(&*state) };
+    let futures = move || {
+        (0..per_key).flat_map(move |seq| {
+            (0..keys).map(move |key| {
+                (
+                    key,
+                    YieldOnce {
+                        r,
+                        key,
+                        seq,
+                        yielded: false,
+                    },
+                )
+            })
+        })
+    };
+    let mut boxed: Vec<(u64, TaskFuture)> = match mode {
+        Mode::Closure => Vec::new(),
+        Mode::Boxed => futures()
+            .map(|(key, f)| (key, Box::pin(f) as TaskFuture))
+            .collect(),
+    };
+    let sampler = RssSampler::start(Duration::from_millis(2));
+    let t0 = Instant::now();
+    match mode {
+        Mode::Closure => {
+            for (key, f) in futures() {
+                exec.submit_future(key, f);
+            }
+        }
+        Mode::Boxed => {
+            for (key, f) in boxed.drain(..) {
+                exec.submit_future_boxed(key, f);
+            }
+        }
+    }
+    let finished = exec.wait_idle(timeout);
+    let elapsed = t0.elapsed();
+    let peak = sampler.stop();
+    drop(boxed);
+    let st = &*state;
+    let tasks = keys * u64::from(per_key);
+    let out = Outcome {
+        elapsed,
+        expected: tasks,
+        ran: st.chk.ran(),
+        violations: st.chk.violations(),
+        finished,
+        values: vec![
+            tasks as f64 / elapsed.as_secs_f64(),
+            peak as f64,
+            elapsed.as_nanos() as f64,
+        ],
+    };
+    release(state, finished);
+    if finished {
+        // The state (the reactor's sender) is gone: the reactor's loop ends.
+        let _ = reactor.join();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1017,21 +1218,25 @@ mod tests {
                 "w5_skew",
                 "w6_scale_1k",
                 "w6_scale_100k",
-                "w6_scale_1m"
+                "w6_scale_1m",
+                "w7_async_100k",
+                "w7_async_1m"
             ]
         );
-        assert_eq!(Workload::w1(Size::Full).tasks(), 800_000);
+        assert_eq!(Workload::w1(Size::Full).tasks(), 80_000);
         assert_eq!(Workload::w4(Size::Full).tasks(), 20_100);
         assert_eq!(Workload::w4(Size::Full).keys(), 1_001);
-        assert_eq!(Workload::w5(Size::Full).tasks(), 1_000_000);
+        assert_eq!(Workload::w5(Size::Full).tasks(), 200_000);
         assert_eq!(Workload::w5(Size::Full).keys(), 100_000);
-        for w in Workload::w6(Size::Full) {
-            assert_eq!(w.tasks(), 2_000_000);
-        }
-        let w6: Vec<u64> = Workload::w6(Size::Default)
+        let w6: Vec<u64> = Workload::w6(Size::Full)
             .iter()
             .map(Workload::tasks)
             .collect();
         assert_eq!(w6, [1_000_000, 1_000_000, 2_000_000]);
+        let w7: Vec<u64> = Workload::w7(Size::Full)
+            .iter()
+            .map(Workload::tasks)
+            .collect();
+        assert_eq!(w7, [1_000_000, 10_000_000]);
     }
 }
