@@ -22,6 +22,7 @@ use crate::shared::Config;
 /// | [`capacity`](Self::capacity) | unbounded | queued (not running) tasks; `submit` blocks and `try_submit` refuses when full |
 /// | [`thread_name`](Self::thread_name) | `"keyserial"` | worker thread name prefix (`name-0`, `name-1`, …) |
 /// | [`panic_policy`](Self::panic_policy) | [`Continue`](PanicPolicy::Continue) | what a panicking task does to its key's later tasks |
+/// | [`max_keys`](Self::max_keys) | unbounded | live keys (queued, running, paused or idle-cached); a new key at the limit releases idle keys, then waits (`submit`) or is refused (`try_submit`) |
 ///
 /// ```
 /// use std::time::Duration;
@@ -46,6 +47,7 @@ pub struct Builder<K> {
     pub(crate) capacity: Option<usize>,
     pub(crate) thread_name: String,
     pub(crate) panic_policy: PanicPolicy,
+    pub(crate) max_keys: Option<usize>,
     /// The tokio runtime whose context workers enter while they poll futures.
     #[cfg(feature = "tokio")]
     pub(crate) tokio: Option<tokio::runtime::Handle>,
@@ -63,6 +65,7 @@ impl<K> fmt::Debug for Builder<K> {
             .field("capacity", &self.capacity)
             .field("thread_name", &self.thread_name)
             .field("panic_policy", &self.panic_policy)
+            .field("max_keys", &self.max_keys)
             .finish()
     }
 }
@@ -78,6 +81,7 @@ impl<K> Default for Builder<K> {
             capacity: None,
             thread_name: "keyserial".to_string(),
             panic_policy: PanicPolicy::Continue,
+            max_keys: None,
             #[cfg(feature = "tokio")]
             tokio: None,
             _key: PhantomData,
@@ -239,6 +243,37 @@ where
         self
     }
 
+    /// At most `n` keys are live at once: queued, running, paused or idle-cached (at least 1).
+    /// A submission of a new key at the limit first releases idle-cached keys (oldest first);
+    /// if none is idle, `submit` waits until a key is released, `try_submit` hands the task back
+    /// with [`RejectReason::TooManyKeys`](crate::RejectReason::TooManyKeys), and a submission
+    /// from inside a task is refused the same way (it never waits). Submissions to live keys are
+    /// never affected; when capacity is full too, `Full` wins. [`pause`](Serializer::pause) and
+    /// [`cancel_key`](Serializer::cancel_key) never fail: a key they make counts, and may take
+    /// the count past `n`.
+    ///
+    /// With [`key_idle_timeout`](Self::key_idle_timeout) this makes a bounded cache of keys: a
+    /// key stays live for the timeout after its last task, and the oldest idle ones make room.
+    /// The budget needs every live key counted, so a serializer with `max_keys` gives each key an
+    /// entry and queues its tasks on it straight from the submitter (no lane): submissions cost a
+    /// key-table look-up each (see BENCHMARKS.md in the repository for what it costs).
+    ///
+    /// ```
+    /// use keyserial::{Builder, RejectReason};
+    /// let s = Builder::<u32>::new().max_keys(1).build().unwrap();
+    /// s.pause(&1); // key 1 is live (and holds the only place)
+    /// let refused = s.try_submit(2, || "new key").unwrap_err();
+    /// assert_eq!(refused.reason, RejectReason::TooManyKeys);
+    /// assert_eq!((refused.task)(), "new key"); // handed back whole
+    /// let h = s.try_submit(1, || "a live key is never refused").unwrap();
+    /// s.resume(&1);
+    /// assert_eq!(h.join().unwrap(), "a live key is never refused");
+    /// ```
+    pub fn max_keys(mut self, n: usize) -> Self {
+        self.max_keys = Some(n);
+        self
+    }
+
     /// The worker counts (`workers`, `max_workers`) of a valid configuration, or why it is
     /// invalid. `build` calls this first.
     pub(crate) fn checked(&self) -> Result<(usize, usize), BuildError> {
@@ -279,6 +314,9 @@ where
         if self.capacity == Some(0) {
             return err(BuildErrorKind::ZeroCapacity);
         }
+        if self.max_keys == Some(0) {
+            return err(BuildErrorKind::ZeroMaxKeys);
+        }
         Ok((workers, max_workers))
     }
 }
@@ -316,6 +354,7 @@ where
             fairness_budget: self.fairness_budget,
             thread_name: self.thread_name,
             panic_policy: self.panic_policy,
+            max_keys: self.max_keys,
             #[cfg(feature = "tokio")]
             tokio: self.tokio,
         };

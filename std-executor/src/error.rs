@@ -255,6 +255,9 @@ pub enum RejectReason {
     TooManyPermits,
     /// `submit_distinct` while the key already has a `submit_distinct` task queued, not started.
     Duplicate,
+    /// A new key while [`Builder::max_keys`](crate::Builder::max_keys) keys are live and none is
+    /// idle (`try_submit`, or any submission from inside a task: the blocking calls wait).
+    TooManyKeys,
 }
 
 impl fmt::Display for RejectReason {
@@ -264,6 +267,7 @@ impl fmt::Display for RejectReason {
             RejectReason::Shutdown => "the serializer is shut down",
             RejectReason::TooManyPermits => "more permits requested than the semaphore holds",
             RejectReason::Duplicate => "the key already has a distinct task queued",
+            RejectReason::TooManyKeys => "the serializer holds its most keys and none is idle",
         })
     }
 }
@@ -385,6 +389,8 @@ pub enum BuildErrorKind {
     ThreadSpawn,
     /// `thread_name` contains a NUL byte, which no thread name may hold.
     InvalidThreadName,
+    /// `max_keys(0)`: at least one key must be able to live.
+    ZeroMaxKeys,
 }
 
 impl BuildError {
@@ -397,6 +403,7 @@ impl BuildError {
             BuildErrorKind::ZeroCapacity => "capacity must be at least 1",
             BuildErrorKind::ThreadSpawn => "could not start worker threads",
             BuildErrorKind::InvalidThreadName => "thread_name must not contain a NUL byte",
+            BuildErrorKind::ZeroMaxKeys => "max_keys must be at least 1",
         };
         Self::with_message(kind, message.to_string())
     }

@@ -74,6 +74,9 @@ unsafe fn retire_unlink<K>(
 {
     // SAFETY: the caller's contract is `retire_take`'s.
     if let Some(taken) = unsafe { shared.table().retire_take(entry, guard, retire) } {
+        // Retired: the key's share of a key budget goes back now (`key_budget.rs`), not when
+        // the epoch frees the entry.
+        entry.value().share.release();
         garbage.push(taken);
         if garbage.len() >= GARBAGE_BATCH {
             let batch = std::mem::replace(garbage, Vec::with_capacity(GARBAGE_BATCH));
@@ -171,10 +174,13 @@ fn reap_front<K>(
     now: u64,
     timeout: u64,
     force: bool,
-) where
+) -> bool
+where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
-    let Some(item) = fifo.pop_front() else { return };
+    let Some(item) = fifo.pop_front() else {
+        return false;
+    };
     // SAFETY: we hold the key's only idle item, so nobody else retires (and frees) it.
     let entry = unsafe { item.entry.as_ref() };
     let mut outcome = Reap::Dropped;
@@ -184,7 +190,7 @@ fn reap_front<K>(
         entry.value().idle.drop_item();
         // SAFETY: we held the key's idle item until now, under `guard`.
         unsafe { crate::key_control::park_idle(shared, item.entry) };
-        return;
+        return false;
     }
     // SAFETY: every entry the executor handles comes from its one table, and `reap` answers
     // `Retired` only when its `try_retire` made the idle-to-retired transition.
@@ -200,6 +206,30 @@ fn reap_front<K>(
             deadline,
         });
     }
+    outcome == Reap::Retired
+}
+
+/// With a key budget, a submitter of a new key at the limit: releases the oldest idle key of
+/// the shared FIFO (whatever its deadline); `true` if one was retired (its share is back).
+pub(crate) fn release_one_idle<K>(shared: &Shared<K>) -> bool
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    let Some(shared_fifo) = shared.shared_idle() else {
+        return false;
+    };
+    let guard = shared.pin();
+    let timeout = shared.config().key_idle_timeout.as_millis() as u64;
+    let now = shared.now_ms();
+    let mut garbage = Vec::new();
+    let mut fifo = crate::sync::lock(shared_fifo);
+    let mut retired = false;
+    while !retired && !fifo.is_empty() {
+        retired = reap_front(shared, &mut fifo, &mut garbage, &guard, now, timeout, true);
+    }
+    drop(fifo);
+    shared.table().defer_free(garbage, &guard);
+    retired
 }
 
 /// Retires the keys whose timeout passed (all of them if `all`).
@@ -244,14 +274,18 @@ where
         }
     }
 
-    /// No key is waiting for its timeout.
+    /// No key is waiting for its timeout in this worker's own FIFO (with a key budget the
+    /// shared one holds them: any worker may leave).
     pub(crate) fn is_empty(&self) -> bool {
         self.fifo.is_empty()
     }
 
-    /// The earliest deadline, if any key waits.
-    pub(crate) fn next_deadline(&self) -> Option<u64> {
-        self.fifo.front().map(|i| i.deadline)
+    /// The earliest deadline, if any key waits (in the shared FIFO, with a key budget).
+    pub(crate) fn next_deadline(&self, shared: &Shared<K>) -> Option<u64> {
+        match shared.shared_idle() {
+            Some(f) => crate::sync::lock(f).front().map(|i| i.deadline),
+            None => self.fifo.front().map(|i| i.deadline),
+        }
     }
 
     /// The worker just released `entry_ptr`'s chain, under `guard` pinned before the release
@@ -263,19 +297,32 @@ where
         guard: &Guard,
         now: &mut u64,
     ) {
-        released(
-            shared,
-            entry_ptr,
-            guard,
-            &mut self.fifo,
-            &mut self.garbage,
-            now,
-        );
+        match shared.shared_idle() {
+            Some(f) => {
+                let mut fifo = crate::sync::lock(f);
+                released(shared, entry_ptr, guard, &mut fifo, &mut self.garbage, now);
+            }
+            None => released(
+                shared,
+                entry_ptr,
+                guard,
+                &mut self.fifo,
+                &mut self.garbage,
+                now,
+            ),
+        }
     }
 
     /// Retires the keys whose timeout passed by `now` (every key if `all`); `epoch`: the
     /// worker's registration with the table's collector.
     pub(crate) fn reap(&mut self, shared: &Shared<K>, epoch: &LocalHandle, now: u64, all: bool) {
+        if let Some(f) = shared.shared_idle() {
+            let mut fifo = crate::sync::lock(f);
+            if !fifo.is_empty() {
+                reap(shared, epoch, &mut fifo, &mut self.garbage, now, all);
+            }
+            return;
+        }
         if !self.fifo.is_empty() {
             reap(shared, epoch, &mut self.fifo, &mut self.garbage, now, all);
         }

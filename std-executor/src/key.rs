@@ -8,6 +8,7 @@ use keyserial_core::table::{Entry, Retire};
 
 use crate::control::Control;
 use crate::idle_word::IdleWord;
+use crate::key_budget::KeyShare;
 use crate::lanes::TrackToken;
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::task::{Header, TaskRef};
@@ -27,18 +28,22 @@ pub(crate) struct KeyState {
     pub(crate) control: Control,
     /// What `key_stats` reads of the chain (`serializer/keys.rs`).
     pub(crate) seen: Seen,
+    /// The key's share of the serializer's key budget (`key_budget.rs`), given back when the
+    /// key is retired.
+    pub(crate) share: KeyShare,
     /// Counts the key in its lane's tracked keys while the state lives.
     _track: TrackToken,
 }
 
 impl KeyState {
-    pub(crate) fn new(track: TrackToken) -> KeyState {
+    pub(crate) fn new(track: TrackToken, share: KeyShare) -> KeyState {
         KeyState {
             chain: Chain::new(),
             idle: IdleWord::new(),
             shed: AtomicBool::new(false),
             control: Control::new(),
             seen: Seen::default(),
+            share,
             _track: track,
         }
     }

@@ -36,6 +36,7 @@ use crossbeam_deque::Worker;
 use keyserial_core::chain::{Pushed, Retired};
 
 use crate::key::{KeyEntry, KeyState, Runnable};
+use crate::key_budget::KeyShare;
 use crate::lane_task::Item;
 use crate::lane_task::LaneTask;
 use crate::lanes::TrackToken;
@@ -220,10 +221,20 @@ where
     // anything of the table's (a panic there drops its unpublished entry).
     match sh.table().get(key, guard) {
         Some(entry) if !entry.value().chain.is_retired() => entry,
-        _ => sh.table().get_or_insert_with(
-            key.clone(),
-            || KeyState::new(TrackToken::new(&sh.lanes().tracked, lane, hash)),
-            guard,
-        ),
+        _ => {
+            // A key made here (a worker's route, `pause`, `cancel_key`) takes its share of a key
+            // budget whatever the limit (`key_budget.rs`); one left unpublished gives it back.
+            let mut share = Some(sh.budget().map_or_else(KeyShare::none, |b| b.force_take()));
+            sh.table().get_or_insert_with(
+                key.clone(),
+                || {
+                    KeyState::new(
+                        TrackToken::new(&sh.lanes().tracked, lane, hash),
+                        share.take().expect("made once"),
+                    )
+                },
+                guard,
+            )
+        }
     }
 }

@@ -33,6 +33,8 @@ pub(crate) struct Config {
     pub(crate) fairness_budget: usize,
     pub(crate) thread_name: String,
     pub(crate) panic_policy: crate::PanicPolicy,
+    /// `Builder::max_keys` (`key_budget.rs`).
+    pub(crate) max_keys: Option<usize>,
     #[cfg(feature = "tokio")]
     pub(crate) tokio: Option<tokio::runtime::Handle>,
 }
@@ -86,6 +88,10 @@ pub(crate) struct Shared<K> {
     /// 0 when not starved. Drives the elastic pool.
     starved_since: AtomicU64,
     permit_waits: PermitWaits<K>,
+    /// With `max_keys`: the key budget, and the one FIFO of idle keys that workers and
+    /// submitters share (`key_budget.rs`).
+    budget: Option<crate::sync::Arc<crate::key_budget::KeyBudget>>,
+    shared_idle: Option<Mutex<std::collections::VecDeque<crate::key::IdleItem<K>>>>,
     start: Instant,
 }
 
@@ -242,6 +248,20 @@ impl<K> Shared<K> {
     }
 
     /// A submission was refused.
+    /// The key budget, with `max_keys` (`key_budget.rs`).
+    #[inline]
+    pub(crate) fn budget(&self) -> Option<&crate::sync::Arc<crate::key_budget::KeyBudget>> {
+        self.budget.as_ref()
+    }
+
+    /// The idle keys' shared FIFO, with `max_keys` (`idle.rs`).
+    #[inline]
+    pub(crate) fn shared_idle(
+        &self,
+    ) -> Option<&Mutex<std::collections::VecDeque<crate::key::IdleItem<K>>>> {
+        self.shared_idle.as_ref()
+    }
+
     pub(crate) fn count_rejected(&self) {
         self.outside.rejected.fetch_add(1, Ordering::Relaxed);
     }
@@ -332,6 +352,10 @@ where
             outside: Outside::default(),
             starved_since: AtomicU64::new(0),
             permit_waits: PermitWaits::new(),
+            budget: config.max_keys.map(crate::key_budget::KeyBudget::new),
+            shared_idle: config
+                .max_keys
+                .map(|_| Mutex::new(std::collections::VecDeque::new())),
             start: Instant::now(),
             config,
         }

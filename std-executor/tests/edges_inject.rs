@@ -553,7 +553,8 @@ fn run_case(p: &Progress, case: Case) {
                             RejectReason::TooManyPermits => {
                                 matches!(method, Method::Permits(n) if n > PERMITS)
                             }
-                            RejectReason::Shutdown => false,
+                            // No key budget in these cases.
+                            RejectReason::Shutdown | RejectReason::TooManyKeys => false,
                         };
                         assert!(expected, "task {id}: {method:?} refused: {reason:?}");
                         (Admission::Refused(reason), None)

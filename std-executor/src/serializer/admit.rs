@@ -37,9 +37,11 @@ use crate::future_task::{AsyncJob, FutureCell};
 use crate::handle::{JoinState, OriginCheck, TaskHandle};
 #[cfg(debug_assertions)]
 use crate::key::KeyEntry;
-use crate::key::Runnable;
+use crate::key::{KeyState, Runnable};
+use crate::key_budget::KeyShare;
 use crate::lane_task::Item;
 use crate::lane_task::LaneTask;
+use crate::lanes::TrackToken;
 use crate::latest_cells::Offered;
 use crate::semaphore::Semaphore;
 #[cfg(debug_assertions)]
@@ -48,6 +50,7 @@ use crate::shared::Shared;
 use crate::sync::Ordering;
 use crate::task::{Abandon, Joined, Kind, TaskRef};
 use crate::worker;
+use keyserial_core::chain::{Pushed, Retired};
 
 use super::{Mode, Serializer};
 
@@ -198,6 +201,9 @@ where
             return Ok(());
         };
         let hash = sh.hash_of(&key);
+        if sh.budget().is_some() {
+            return self.admit_budgeted(key, hash, kind, mode, build, reservation, refuse);
+        }
         if kind == Kind::Latest {
             return self.admit_latest(key, hash, build, reservation, refuse);
         }
@@ -231,6 +237,96 @@ where
         }
         reservation.keep();
         sh.latest().seal(hash);
+        Ok(())
+    }
+
+    /// `admit` with a key budget (`key_budget.rs`, "How a serializer with a key budget runs"):
+    /// the task goes straight onto its key's chain, admitted by the gate. A new key takes a
+    /// share of the budget before its entry is made: at the limit it releases the oldest idle
+    /// key, then waits (`submit` from outside the workers) or is refused `TooManyKeys`. A
+    /// `submit_latest` task is pushed like any other, and coalesces on the chain (its owner's
+    /// coalescing pop supersedes a latest task followed by another).
+    ///
+    /// The key's `Hash`, `Eq` and `Clone` run before anything is admitted, as in `admit`.
+    #[allow(clippy::too_many_arguments)]
+    fn admit_budgeted(
+        &self,
+        key: K,
+        hash: u64,
+        kind: Kind,
+        mode: Mode,
+        build: impl FnOnce(Option<Claim<K>>) -> LaneTask,
+        reservation: Reservation<'_>,
+        refuse: impl Fn(RejectReason) -> Result<(), RejectReason>,
+    ) -> Result<(), RejectReason> {
+        let sh = &*self.shared;
+        let budget = sh.budget().expect("a serializer with a key budget");
+        let Some(ticket) = sh.gate().enter() else {
+            return refuse(RejectReason::Shutdown);
+        };
+        let claim = if kind == Kind::Distinct {
+            match sh.claims().claim(&key, hash) {
+                Some(claim) => Some(claim),
+                None => return refuse(RejectReason::Duplicate),
+            }
+        } else {
+            None
+        };
+        let local = worker::current_worker::<K>(sh.id()).map(|(_, d)| d);
+        let lane = sh.lanes().index_of(hash);
+        let epoch = sh.register_epoch();
+        let mut guard = epoch.pin();
+        let mut entry = loop {
+            match entry_of(sh, &key, lane, hash, &guard, None) {
+                Ok(e) if !e.value().chain.is_retired() => break e,
+                Ok(_) => continue, // released under us: again
+                Err(()) => {}
+            }
+            // At the limit: make room from the idle keys, else wait or refuse.
+            if crate::idle::release_one_idle(sh) {
+                continue;
+            }
+            if mode == Mode::Try || local.is_some() {
+                return refuse(RejectReason::TooManyKeys);
+            }
+            if sh.gate().is_closed() || sh.lifecycle().is_shutdown() {
+                return refuse(RejectReason::Shutdown);
+            }
+            // Unpinned while it waits, so that the epoch can free what others retire.
+            drop(guard);
+            budget.wait_a_little(std::time::Duration::from_millis(10));
+            guard = epoch.pin();
+        };
+        let mut node = build(claim).into_task().into_raw();
+        loop {
+            let ks = entry.value();
+            ks.seen.pushed(|| sh.now_ms());
+            // SAFETY: a live task node we own (just made, or handed back by a bounced push):
+            // queued nowhere else; the chain hands it to its owner or `Header::drop_queued`.
+            match unsafe { ks.chain.push(node) } {
+                Ok(Pushed::Activated) => {
+                    sh.schedule(Runnable::Chain(std::ptr::NonNull::from(entry)), local);
+                    break;
+                }
+                Ok(Pushed::Queued) => break,
+                Err(Retired(back)) => {
+                    // Released between the look-up and the push (an idle release): onto the
+                    // key's new entry. The task is built and goes in, so its share is taken
+                    // even past the limit (this race, and only it, may exceed it by one).
+                    ks.seen.left(1);
+                    node = back;
+                    entry = loop {
+                        let share = budget.try_take().unwrap_or_else(|| budget.force_take());
+                        match entry_of(sh, &key, lane, hash, &guard, Some(share)) {
+                            Ok(e) if !e.value().chain.is_retired() => break e,
+                            _ => continue,
+                        }
+                    };
+                }
+            }
+        }
+        reservation.keep();
+        ticket.admit();
         Ok(())
     }
 
@@ -300,6 +396,53 @@ where
     #[cfg(not(debug_assertions))]
     #[inline(always)]
     pub(super) fn origin_of(&self, _key: Option<&K>, _kind: Kind) -> OriginCheck {}
+}
+
+/// With a key budget: the key's live entry, or a new one holding a share of the budget (`share`,
+/// or one taken now if the budget has room; `Err` if it has none). A share not used goes back.
+fn entry_of<'g, K>(
+    sh: &'g crate::shared::Shared<K>,
+    key: &K,
+    lane: usize,
+    hash: u64,
+    guard: &'g crossbeam_epoch::Guard,
+    share: Option<KeyShare>,
+) -> Result<&'g crate::key::KeyEntry<K>, ()>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    if let Some(e) = live_entry(sh, key, guard) {
+        return Ok(e);
+    }
+    let budget = sh.budget().expect("a serializer with a key budget");
+    let Some(share) = share.or_else(|| budget.try_take()) else {
+        return Err(());
+    };
+    let mut share = Some(share);
+    Ok(sh.table().get_or_insert_with(
+        key.clone(),
+        || {
+            KeyState::new(
+                TrackToken::new(&sh.lanes().tracked, lane, hash),
+                share.take().expect("made once"),
+            )
+        },
+        guard,
+    ))
+}
+
+/// The key's entry in the table if it is live (not retired).
+fn live_entry<'g, K>(
+    sh: &'g crate::shared::Shared<K>,
+    key: &K,
+    guard: &'g crossbeam_epoch::Guard,
+) -> Option<&'g crate::key::KeyEntry<K>>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    sh.table()
+        .get(key, guard)
+        .filter(|e| !e.value().chain.is_retired())
 }
 
 /// Debug builds: the serializer and key of a handle's task (see [`crate::handle::Origin`]).

@@ -256,6 +256,8 @@ where
         parking.state().begin_poll();
         let waker = Waker::from(parking.clone());
         let polled = {
+            // A guard with feature `tokio`, `()` without it.
+            #[allow(clippy::let_unit_value)]
             let _runtime = self.shared.config().enter_runtime();
             task.poll(&mut Context::from_waker(&waker), &|panicked| {
                 self.finish_task(panicked);

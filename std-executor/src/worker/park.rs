@@ -64,7 +64,7 @@ where
 
     pub(super) fn park_timeout(&self, idle_since: u64) -> Duration {
         let mut ms: u64 = 1000;
-        if let Some(deadline) = self.idle.next_deadline() {
+        if let Some(deadline) = self.idle.next_deadline(self.shared) {
             ms = ms.min(deadline.saturating_sub(self.now).max(1));
         }
         if self.index >= self.shared.config().workers {
