@@ -48,6 +48,9 @@ pub struct Builder<K> {
     pub(crate) thread_name: String,
     pub(crate) panic_policy: PanicPolicy,
     pub(crate) max_keys: Option<usize>,
+    /// Feature `tracing`: how spans write a key (`trace_keys`).
+    #[cfg(feature = "tracing")]
+    pub(crate) key_label: Option<fn(&K) -> String>,
     /// The tokio runtime whose context workers enter while they poll futures.
     #[cfg(feature = "tokio")]
     pub(crate) tokio: Option<tokio::runtime::Handle>,
@@ -82,6 +85,8 @@ impl<K> Default for Builder<K> {
             thread_name: "keyserial".to_string(),
             panic_policy: PanicPolicy::Continue,
             max_keys: None,
+            #[cfg(feature = "tracing")]
+            key_label: None,
             #[cfg(feature = "tokio")]
             tokio: None,
             _key: PhantomData,
@@ -121,6 +126,25 @@ where
     #[cfg(feature = "tokio")]
     pub fn tokio_handle(mut self, handle: tokio::runtime::Handle) -> Self {
         self.tokio = Some(handle);
+        self
+    }
+
+    /// (Cargo feature `tracing`.) Spans and events write each key with its `Debug` text
+    /// instead of its hash (see the crate docs, "Tracing"). Formats the key of every
+    /// submission while a subscriber wants task spans.
+    ///
+    /// ```
+    /// # #[cfg(feature = "tracing")] {
+    /// let s = keyserial::Builder::<u32>::new().trace_keys().build().unwrap();
+    /// s.submit(7, || ()).unwrap().join().unwrap(); // span `task` with key = 7, if subscribed
+    /// # }
+    /// ```
+    #[cfg(feature = "tracing")]
+    pub fn trace_keys(mut self) -> Self
+    where
+        K: fmt::Debug,
+    {
+        self.key_label = Some(|k| format!("{k:?}"));
         self
     }
 
@@ -358,7 +382,11 @@ where
             #[cfg(feature = "tokio")]
             tokio: self.tokio,
         };
-        Serializer::start(config, self.capacity).map_err(BuildError::spawn)
+        #[cfg(feature = "tracing")]
+        let labeler = crate::trace::Labeler(self.key_label);
+        #[cfg(not(feature = "tracing"))]
+        let labeler = crate::trace::Labeler::default();
+        Serializer::start(config, self.capacity, labeler).map_err(BuildError::spawn)
     }
 }
 

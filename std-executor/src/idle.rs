@@ -77,6 +77,7 @@ unsafe fn retire_unlink<K>(
         // Retired: the key's share of a key budget goes back now (`key_budget.rs`), not when
         // the epoch frees the entry.
         entry.value().share.release();
+        crate::trace::released(shared.labeler(), entry.key(), entry.hash());
         garbage.push(taken);
         if garbage.len() >= GARBAGE_BATCH {
             let batch = std::mem::replace(garbage, Vec::with_capacity(GARBAGE_BATCH));

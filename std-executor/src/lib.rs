@@ -130,6 +130,15 @@
 //! where failed work goes back). With Cargo feature `redis`, module `stream`: a partitioned
 //! Redis stream consumed in per-key order across processes.
 //!
+//! # Tracing
+//!
+//! With Cargo feature `tracing`, every task gets a span (target `keyserial`, level `TRACE`,
+//! name `task`) with its key, its queue wait (`wait_us`) and its run time (`run_us`), and the
+//! per-key controls, refusals and key releases are events (level `DEBUG`, `TRACE` for
+//! releases). Keys appear by hash unless the builder's `trace_keys` (for `Debug` keys) asks for
+//! their text. A submission checks once whether a subscriber wants task spans and, if none
+//! does, leaves the task alone; without the feature nothing of this is compiled in.
+//!
 //! [`Arc`]: std::sync::Arc
 #![cfg_attr(not(loom), deny(missing_docs))]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -147,7 +156,7 @@
 // | the lane path (every keyed task) | `lanes`, `lane_task` (a task in a lane's slot), `inspect` (a lane taken for a moment from outside: key_stats, cancel_key), `route` (run it or queue it on its key's chain), `deferral` (a key deferred when its lane is taken over), `latest_cells` (`submit_latest`), `claims` (`submit_distinct`), `gate` (admission of unkeyed and latest tasks), `capacity` |
 // | the chain path (keys with state) | `key` (a key's entry and state), `idle`, `idle_word` (idle release), `permits`, `permit_wait` (permit-gated tasks), `control` (a key's pause word), `key_control` (pause and resume on the entry, chain and wait registry), `key_budget` (`max_keys`) |
 // | workers | `worker/` (its `mod.rs` lists its rooms), `phase` (what `shutdown_now` may take), `sleep` (parking without lost wakeups), `supervisor` (the elastic pool) |
-// | tasks and handles | `task/` (type-erased task nodes), `nodes`, `slab` (their recycled memory), `handle` (`TaskHandle`), `user` (the one boundary for user code: where it runs, what a panic in it does) |
+// | tasks and handles | `task/` (type-erased task nodes), `nodes`, `slab` (their recycled memory), `handle` (`TaskHandle`), `user` (the one boundary for user code: where it runs, what a panic in it does), `trace` (feature `tracing`) |
 // | the extras | `semaphore/`, `distinct/` (`DistinctQueue`) |
 // | beyond one machine (feature `redis`, public) | `stream/` (`partition`: Kafka's murmur2 partitioner; `id`: stream IDs; `watermark`; `producer`; `consumer`: ownership, claims, acks; `conn`: reconnecting connection and reply parsing; `entry`, `error`) |
 //
@@ -207,6 +216,7 @@ mod handle;
 mod nodes;
 mod slab;
 mod task;
+mod trace;
 mod user;
 
 // The extras.

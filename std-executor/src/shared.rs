@@ -92,6 +92,8 @@ pub(crate) struct Shared<K> {
     /// submitters share (`key_budget.rs`).
     budget: Option<crate::sync::Arc<crate::key_budget::KeyBudget>>,
     shared_idle: Option<Mutex<std::collections::VecDeque<crate::key::IdleItem<K>>>>,
+    /// How spans and events write a key (feature `tracing`; nothing without it).
+    labeler: crate::trace::Labeler<K>,
     start: Instant,
 }
 
@@ -254,6 +256,12 @@ impl<K> Shared<K> {
         self.budget.as_ref()
     }
 
+    /// How spans and events write a key (`trace.rs`).
+    #[inline]
+    pub(crate) fn labeler(&self) -> &crate::trace::Labeler<K> {
+        &self.labeler
+    }
+
     /// The idle keys' shared FIFO, with `max_keys` (`idle.rs`).
     #[inline]
     pub(crate) fn shared_idle(
@@ -313,6 +321,7 @@ where
         capacity: Option<usize>,
         unparkers: Box<[crate::sync::Unparker]>,
         owned: Vec<Owned<K>>,
+        labeler: crate::trace::Labeler<K>,
     ) -> Shared<K> {
         let slots: Box<[Slot<K>]> = owned
             .into_iter()
@@ -356,6 +365,7 @@ where
             shared_idle: config
                 .max_keys
                 .map(|_| Mutex::new(std::collections::VecDeque::new())),
+            labeler,
             start: Instant::now(),
             config,
         }

@@ -94,11 +94,13 @@ where
         let mut handle = None;
         let mut permits = permits;
         let mut origin = Some(self.origin_of(key.as_ref(), kind));
+        let sh = &*self.shared;
+        let traced = crate::trace::origin(sh.labeler(), key.as_ref(), |k| sh.hash_of(k));
         self.admit(key, kind, mode, |claim| {
             let state = JoinState::new(origin.take().unwrap_or_default());
             handle = Some(TaskHandle::new(state.clone()));
             let job = Joined {
-                f: wrap(slot.take().expect("built once"), claim),
+                f: crate::trace::wrap(traced, wrap(slot.take().expect("built once"), claim)),
                 state,
             };
             LaneTask::node(TaskRef::new(job, kind, permits.take()))
@@ -125,10 +127,13 @@ where
         let mut slot = Some(fut);
         let mut handle = None;
         let mut origin = Some(self.origin_of(Some(&key), Kind::Future));
+        let sh = &*self.shared;
+        let traced = crate::trace::origin(sh.labeler(), Some(&key), |k| sh.hash_of(k));
         self.admit(Some(key), Kind::Future, mode, |_| {
             let state = JoinState::new(origin.take().unwrap_or_default());
             handle = Some(TaskHandle::new(state.clone()));
-            let cell = FutureCell::new(slot.take().expect("built once"), state);
+            let fut = crate::trace::wrap_future(traced, slot.take().expect("built once"));
+            let cell = FutureCell::new(fut, state);
             let job = AsyncJob::<K> {
                 task: std::sync::Arc::new(cell),
                 parking: None,
@@ -161,6 +166,7 @@ where
         let sh = &*self.shared;
         let refuse = |reason| {
             sh.count_rejected();
+            crate::trace::rejected(reason);
             Err(reason)
         };
         if sh.lifecycle().is_shutdown() {

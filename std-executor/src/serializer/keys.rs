@@ -53,7 +53,9 @@ where
     /// assert_eq!(h.join().unwrap(), "ran after resume");
     /// ```
     pub fn pause(&self, key: &K) {
-        crate::key_control::pause(&self.shared, key);
+        let sh = &*self.shared;
+        crate::trace::control(sh.labeler(), "pause", key, || sh.hash_of(key), 0);
+        crate::key_control::pause(sh, key);
     }
 
     /// Resumes a paused `key`: its queued tasks start again, in order. Resuming a key that is
@@ -68,7 +70,9 @@ where
     /// assert_eq!(h.join().unwrap(), 5);
     /// ```
     pub fn resume(&self, key: &K) {
-        crate::key_control::resume(&self.shared, key);
+        let sh = &*self.shared;
+        crate::trace::control(sh.labeler(), "resume", key, || sh.hash_of(key), 0);
+        crate::key_control::resume(sh, key);
     }
 
     /// What `key` holds now: its queued tasks, whether one runs, whether it is paused, how long
@@ -329,6 +333,7 @@ where
         for _ in 0..out.len() {
             sh.release_slot();
         }
+        crate::trace::control(sh.labeler(), "cancel_key", key, || hash, out.len());
         out
     }
 

@@ -172,7 +172,11 @@ where
 {
     /// Starts a serializer with the checked settings `config` and queue bound `capacity`
     /// (`Builder::build`).
-    pub(crate) fn start(config: Config, capacity: Option<usize>) -> std::io::Result<Self> {
+    pub(crate) fn start(
+        config: Config,
+        capacity: Option<usize>,
+        labeler: crate::trace::Labeler<K>,
+    ) -> std::io::Result<Self> {
         let (workers, max_workers) = (config.workers, config.max_workers);
         let parkers: Vec<Parker> = (0..max_workers).map(|_| Parker::new()).collect();
         let unparkers = parkers.iter().map(|p| p.unparker().clone()).collect();
@@ -183,7 +187,7 @@ where
             .zip(parkers)
             .map(|(deque, parker)| Owned { deque, parker })
             .collect();
-        let shared = Arc::new(Shared::new(config, capacity, unparkers, owned));
+        let shared = Arc::new(Shared::new(config, capacity, unparkers, owned, labeler));
         let serializer = Serializer {
             shared,
             gave_up: AtomicBool::new(false),
@@ -253,8 +257,10 @@ where
         F: FnOnce() + Send + 'static,
     {
         let mut slot = Some(task);
+        let sh = &*self.shared;
+        let origin = crate::trace::origin(sh.labeler(), Some(&key), |k| sh.hash_of(k));
         self.admit(Some(key), Kind::Plain, Mode::Block, |_| {
-            LaneTask::execute(slot.take().expect("built once"))
+            LaneTask::execute(crate::trace::wrap(origin, slot.take().expect("built once")))
         })
         .map_err(|reason| Rejected {
             reason,
