@@ -454,3 +454,55 @@ fn shutdown_now_cancels_a_pending_future_and_hands_back_the_rest() {
     let st = s.stats();
     assert_eq!((st.queued, st.running), (0, 0));
 }
+
+#[test]
+fn pause_key_stats_and_cancel_key_walk_and_take_lane_items_in_place() {
+    // Key 1's task blocks the only worker, so key 1's and key 2's later tasks wait in the lanes:
+    // `key_stats` walks them in place, `cancel_key` takes key 1's out (tombstones, which the
+    // lane's owner then skips), and a paused key's tasks wait on its parked chain.
+    let s = serializer(1);
+    let (go, blocker) = block_key(&s, 1);
+    let queued: Vec<_> = (0..PER_KEY).map(|i| s.submit(1, move || i).unwrap()).collect();
+    let other: Vec<_> = (0..PER_KEY).map(|i| s.submit(2, move || i).unwrap()).collect();
+    let st = s.key_stats(&1).unwrap();
+    assert_eq!((st.queued, st.running), (PER_KEY as usize, true));
+    assert_eq!(s.key_stats(&2).unwrap().queued, PER_KEY as usize);
+    s.pause(&3);
+    let paused = s.submit(3, || 3).unwrap();
+    let back = s.cancel_key(&1);
+    assert_eq!(back.len(), PER_KEY as usize);
+    go.send(()).unwrap();
+    blocker.join().unwrap();
+    let mut back = back.into_iter();
+    back.next().unwrap().run();
+    drop(back);
+    let results: Vec<_> = queued.into_iter().map(|h| h.join()).collect();
+    assert_eq!(results[0].as_ref().ok(), Some(&0));
+    assert!(results[1..]
+        .iter()
+        .all(|r| matches!(r, Err(TaskError::Cancelled))));
+    for (i, h) in other.into_iter().enumerate() {
+        assert_eq!(h.join().unwrap(), i as u32);
+    }
+    assert_eq!(s.busiest_keys(3).len(), 1, "key 3 waits behind its pause");
+    s.resume(&3);
+    assert_eq!(paused.join().unwrap(), 3);
+}
+
+#[test]
+fn a_key_budget_pushes_straight_onto_chains_and_releases_idle_keys() {
+    let s: Serializer<u32> = Builder::new()
+        .workers(2)
+        .max_keys(2)
+        .key_idle_timeout(Duration::ZERO)
+        .build()
+        .unwrap();
+    for k in 0..KEYS {
+        let hs: Vec<_> = (0..PER_KEY).map(|i| s.submit(k, move || i).unwrap()).collect();
+        for (i, h) in hs.into_iter().enumerate() {
+            assert_eq!(h.join().unwrap(), i as u32);
+        }
+    }
+    s.shutdown();
+    assert!(s.await_termination(Duration::from_secs(60)));
+}
