@@ -53,6 +53,7 @@
 //! | [`try_release`](Chain::try_release) | the owner | `ACTIVE -> 0` (CAS) | fails if a node is queued: still the owner |
 //! | [`try_retire`](Chain::try_retire) | anyone | `0 -> RETIRED` (CAS) | fails unless idle |
 //! | [`try_claim`](Chain::try_claim) | anyone | `0 -> ACTIVE` (CAS) | fails unless idle: the caller holds the baton of an empty chain |
+//! | [`try_retire_owned`](Chain::try_retire_owned) | the owner | `ACTIVE -> RETIRED` (CAS) | fails if a node is queued: still the owner |
 //!
 //! *Ownership* of `ACTIVE` is a baton. It is created by the one push that moves the word from `0`
 //! to `ACTIVE` ([`Pushed::Activated`]): that pusher, and only it, must hand the chain to a worker
@@ -110,6 +111,7 @@
 //! | swing CAS, success | `Release` | the next push to replace the null tail acquires it (see the push row); failure `Relaxed`, the owner then acquires the link. |
 //! | [`try_release`](Chain::try_release) CAS | `Release` | the next owner (an activating push, or a retirer) acquires it. |
 //! | [`try_claim`](Chain::try_claim) CAS | `Acquire` | the claimer becomes the owner, as an activating push does: it must see the last owner's release. |
+//! | [`try_retire_owned`](Chain::try_retire_owned) CAS | `AcqRel` | as `try_retire`: whoever frees the chain after it happens-after every earlier owner and pusher. |
 //! | [`try_retire`](Chain::try_retire) CAS | `AcqRel` | acquires the last owner's release, so whoever unlinks and frees the chain after retiring it happens-after the last owner. |
 //!
 //! Passing the baton on through a ready queue relies on the queue's own release/acquire.
@@ -846,6 +848,34 @@ impl<N: Linked> Chain<N> {
     pub fn try_claim(&self) -> bool {
         self.state
             .compare_exchange(0, ACTIVE, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// The owner retires its empty chain without giving it up first: `CAS(ACTIVE -> RETIRED)`,
+    /// so that nothing can be pushed between the owner's last look and the retire (a release
+    /// followed by [`try_retire`](Chain::try_retire) leaves that window open). Returns `true` if
+    /// the chain is retired (the baton is gone; the caller unlinks and frees it); `false` if a
+    /// node is queued, and the caller still owns the chain. Wait-free.
+    ///
+    /// ```
+    /// # use keyserial_core::chain::{Chain, BoxNode, Retired};
+    /// let chain: Chain<BoxNode<u8>> = Chain::new();
+    /// assert!(chain.try_claim());
+    /// // SAFETY: the claim made us the owner.
+    /// assert!(unsafe { chain.try_retire_owned() });
+    /// assert_eq!(chain.push_value(1), Err(Retired(1)));
+    /// ```
+    ///
+    /// # Safety
+    /// The caller owns the chain (holds its `ACTIVE` baton).
+    #[must_use = "a retired chain must be unlinked and freed by the caller"]
+    pub unsafe fn try_retire_owned(&self) -> bool {
+        // SAFETY: the caller owns the chain, hence `head`.
+        if unsafe { self.head() } != 0 {
+            return false;
+        }
+        self.state
+            .compare_exchange(ACTIVE, RETIRED, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
     }
 

@@ -9,6 +9,7 @@ use crate::error::{BuildError, BuildErrorKind};
 use crate::policy::PanicPolicy;
 use crate::serializer::Serializer;
 use crate::shared::Config;
+use crate::state::StateHooks;
 
 /// Configures and builds a [`Serializer`].
 ///
@@ -38,7 +39,7 @@ use crate::shared::Config;
 ///     .unwrap();
 /// s.execute(42, || println!("order 42")).unwrap();
 /// ```
-pub struct Builder<K> {
+pub struct Builder<K, S = ()> {
     pub(crate) workers: Option<usize>,
     pub(crate) max_workers: Option<usize>,
     pub(crate) worker_keep_alive: Duration,
@@ -54,10 +55,13 @@ pub struct Builder<K> {
     /// The tokio runtime whose context workers enter while they poll futures.
     #[cfg(feature = "tokio")]
     pub(crate) tokio: Option<tokio::runtime::Handle>,
+    /// `key_state` and `on_key_release` (`state.rs`).
+    pub(crate) state: StateHooks<K>,
     _key: PhantomData<fn(K)>,
+    _state: PhantomData<fn() -> S>,
 }
 
-impl<K> fmt::Debug for Builder<K> {
+impl<K, S> fmt::Debug for Builder<K, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Builder")
             .field("workers", &self.workers)
@@ -69,6 +73,7 @@ impl<K> fmt::Debug for Builder<K> {
             .field("thread_name", &self.thread_name)
             .field("panic_policy", &self.panic_policy)
             .field("max_keys", &self.max_keys)
+            .field("key_state", &self.state.on)
             .finish()
     }
 }
@@ -89,7 +94,9 @@ impl<K> Default for Builder<K> {
             key_label: None,
             #[cfg(feature = "tokio")]
             tokio: None,
+            state: StateHooks::default(),
             _key: PhantomData,
+            _state: PhantomData,
         }
     }
 }
@@ -106,6 +113,101 @@ where
     /// ```
     pub fn new() -> Self {
         Self::default()
+    }
+}
+
+impl<K, S> Builder<K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: Send + 'static,
+{
+    /// Gives every key a state of type `S2`, made by `init(&key)` just before the key's first
+    /// [`submit_with_state`](Serializer::submit_with_state) task runs, handed as `&mut S2` to
+    /// that task and every later state task of the key, in the key's order, with no lock (the
+    /// key's order is the lock: its tasks never overlap). The key's plain tasks run in the same
+    /// order and do not see it. The state lives while the key is live; when the key is released
+    /// (`key_idle_timeout` after it drained, an idle key released for
+    /// [`max_keys`](Self::max_keys), or termination) it goes to
+    /// [`on_key_release`](Builder::on_key_release), or is dropped.
+    ///
+    /// With `max_keys` and `key_idle_timeout` this is a bounded cache of per-key state, kept in
+    /// order: a key's state stays while the key is busy or recently used, and the oldest idle
+    /// keys make room (their states go through the hook first). See `examples/ledger.rs`.
+    ///
+    /// A panic in `init` fails that task's handle `Panicked` and makes no state (the next state
+    /// task tries again); a panicking state task leaves the state as it left it.
+    ///
+    /// ```
+    /// use keyserial::Builder;
+    /// let s = Builder::<&str>::new().key_state(|_key| 0u64).build().unwrap();
+    /// for amount in [5, 10, 20] {
+    ///     s.submit_with_state("acct-1", move |balance: &mut u64| *balance += amount).unwrap();
+    /// }
+    /// let total = s.submit_with_state("acct-1", |balance: &mut u64| *balance).unwrap();
+    /// assert_eq!(total.join().unwrap(), 35);
+    /// ```
+    pub fn key_state<S2, I>(self, init: I) -> Builder<K, S2>
+    where
+        S2: Send + 'static,
+        I: Fn(&K) -> S2 + Send + Sync + 'static,
+    {
+        Builder {
+            workers: self.workers,
+            max_workers: self.max_workers,
+            worker_keep_alive: self.worker_keep_alive,
+            key_idle_timeout: self.key_idle_timeout,
+            fairness_budget: self.fairness_budget,
+            capacity: self.capacity,
+            thread_name: self.thread_name,
+            panic_policy: self.panic_policy,
+            max_keys: self.max_keys,
+            #[cfg(feature = "tracing")]
+            key_label: self.key_label,
+            #[cfg(feature = "tokio")]
+            tokio: self.tokio,
+            state: StateHooks {
+                init: std::sync::Arc::new(move |k: &K| -> crate::state::Erased {
+                    Box::new(init(k))
+                }),
+                release: None,
+                on: true,
+            },
+            _key: PhantomData,
+            _state: PhantomData,
+        }
+    }
+
+    /// Called with a key and its state when the key is released (see
+    /// [`key_state`](Self::key_state)): exactly once per state, on one of the serializer's
+    /// threads (or on a submitter releasing an idle key for `max_keys`), before a later task of
+    /// the key could make a new state. Never for a key that never made one. A panic in it is
+    /// caught and reported by the panic hook; the state is gone.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use keyserial::Builder;
+    /// let saved = Arc::new(Mutex::new(Vec::new()));
+    /// let sink = saved.clone();
+    /// let s = Builder::<u32>::new()
+    ///     .key_state(|_| 0u32)
+    ///     .on_key_release(move |key, count| sink.lock().unwrap().push((key, count)))
+    ///     .build()
+    ///     .unwrap();
+    /// s.submit_with_state(7, |c: &mut u32| *c += 1).unwrap().join().unwrap();
+    /// drop(s); // terminates: every live key's state goes through the hook
+    /// assert_eq!(*saved.lock().unwrap(), [(7, 1)]);
+    /// ```
+    pub fn on_key_release<R>(mut self, release: R) -> Self
+    where
+        R: Fn(K, S) + Send + Sync + 'static,
+    {
+        self.state.release = Some(std::sync::Arc::new(
+            move |k: K, state: crate::state::Erased| match state.downcast::<S>() {
+                Ok(state) => release(k, *state),
+                Err(_) => unreachable!("a key's state has the builder's state type"),
+            },
+        ));
+        self
     }
 
     /// (Cargo feature `tokio`.) Workers enter `handle`'s runtime context while they poll a
@@ -274,7 +376,10 @@ where
     /// from inside a task is refused the same way (it never waits). Submissions to live keys are
     /// never affected; when capacity is full too, `Full` wins. [`pause`](Serializer::pause) and
     /// [`cancel_key`](Serializer::cancel_key) never fail: a key they make counts, and may take
-    /// the count past `n`.
+    /// the count past `n`. So may, by one, a submission of a key whose idle release comes
+    /// between the submission's look-up and its push (it is admitted by then, so it is not
+    /// refused). [`Stats::active_keys`](crate::Stats::active_keys) is then the budget's exact
+    /// count.
     ///
     /// With [`key_idle_timeout`](Self::key_idle_timeout) this makes a bounded cache of keys: a
     /// key stays live for the timeout after its last task, and the oldest idle ones make room.
@@ -345,9 +450,10 @@ where
     }
 }
 
-impl<K> Builder<K>
+impl<K, S> Builder<K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: Send + 'static,
 {
     /// Checks the settings and starts the serializer's threads.
     ///
@@ -368,7 +474,7 @@ where
     /// assert_eq!(err.kind(), BuildErrorKind::MaxWorkersBelowWorkers);
     /// assert!(err.to_string().contains("max_workers"));
     /// ```
-    pub fn build(self) -> Result<Serializer<K>, BuildError> {
+    pub fn build(self) -> Result<Serializer<K, S>, BuildError> {
         let (workers, max_workers) = self.checked()?;
         let config = Config {
             workers,
@@ -386,7 +492,7 @@ where
         let labeler = crate::trace::Labeler(self.key_label);
         #[cfg(not(feature = "tracing"))]
         let labeler = crate::trace::Labeler::default();
-        Serializer::start(config, self.capacity, labeler).map_err(BuildError::spawn)
+        Serializer::start(config, self.capacity, labeler, self.state).map_err(BuildError::spawn)
     }
 }
 

@@ -462,8 +462,12 @@ fn pause_key_stats_and_cancel_key_walk_and_take_lane_items_in_place() {
     // lane's owner then skips), and a paused key's tasks wait on its parked chain.
     let s = serializer(1);
     let (go, blocker) = block_key(&s, 1);
-    let queued: Vec<_> = (0..PER_KEY).map(|i| s.submit(1, move || i).unwrap()).collect();
-    let other: Vec<_> = (0..PER_KEY).map(|i| s.submit(2, move || i).unwrap()).collect();
+    let queued: Vec<_> = (0..PER_KEY)
+        .map(|i| s.submit(1, move || i).unwrap())
+        .collect();
+    let other: Vec<_> = (0..PER_KEY)
+        .map(|i| s.submit(2, move || i).unwrap())
+        .collect();
     let st = s.key_stats(&1).unwrap();
     assert_eq!((st.queued, st.running), (PER_KEY as usize, true));
     assert_eq!(s.key_stats(&2).unwrap().queued, PER_KEY as usize);
@@ -498,7 +502,9 @@ fn a_key_budget_pushes_straight_onto_chains_and_releases_idle_keys() {
         .build()
         .unwrap();
     for k in 0..KEYS {
-        let hs: Vec<_> = (0..PER_KEY).map(|i| s.submit(k, move || i).unwrap()).collect();
+        let hs: Vec<_> = (0..PER_KEY)
+            .map(|i| s.submit(k, move || i).unwrap())
+            .collect();
         for (i, h) in hs.into_iter().enumerate() {
             assert_eq!(h.join().unwrap(), i as u32);
         }

@@ -37,7 +37,7 @@ use crossbeam_epoch::{Guard, LocalHandle};
 use keyserial_core::table::Unlinked;
 
 use crate::idle_word::Reap;
-use crate::key::{IdleItem, KeyEntry, KeyState};
+use crate::key::{IdleItem, KeyEntry, KeyState, Runnable};
 use crate::shared::Shared;
 
 /// The most idle keys one worker keeps waiting for their timeout; beyond this the oldest is
@@ -86,6 +86,50 @@ unsafe fn retire_unlink<K>(
     }
 }
 
+/// With key state (`state.rs`), the release of an idle key: claims its idle chain (so that no
+/// state task runs meanwhile), takes its state and calls the release hook while it holds the
+/// chain, then retires the chain from owned (core `Chain::try_retire_owned`), so that no task
+/// can come between the hook and the retire; a task that came during the hook keeps the key
+/// alive (the chain goes to a worker, and the task makes a fresh state after the hook
+/// returned). `None`: the chain was active, nothing done (the caller's ordinary reap handles
+/// it); `Some(retired)` otherwise (if not retired, the caller drops its idle item: the key is
+/// active again, and its next release queues a new one).
+///
+/// # Safety
+/// `entry` is an entry of `shared.table()`, alive for the call (the caller holds its idle item
+/// or a guard pinned before the chain's last release), and `guard` is pinned.
+unsafe fn reap_with_state<K>(
+    shared: &Shared<K>,
+    entry: &KeyEntry<K>,
+    guard: &Guard,
+    garbage: &mut Garbage<K>,
+) -> Option<bool>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    let ks = entry.value();
+    if !ks.chain.try_claim() {
+        return None;
+    }
+    // SAFETY: the claim made us the chain's owner.
+    if let Some(st) = unsafe { ks.state.take() } {
+        shared.state_hooks().release(entry.key(), st);
+    }
+    let mut retired = false;
+    // SAFETY: the entry is our table's; the closure retires only by moving our owned (claimed
+    // above), empty chain to retired, in this call.
+    unsafe {
+        retire_unlink(shared, entry, guard, garbage, |ks| {
+            retired = ks.chain.try_retire_owned();
+            retired
+        })
+    };
+    if !retired {
+        shared.schedule(Runnable::Chain(NonNull::from(entry)), None);
+    }
+    Some(retired)
+}
+
 /// Called by the worker that just released `entry`'s chain, with a guard pinned before the release.
 fn released<K>(
     shared: &Shared<K>,
@@ -102,6 +146,11 @@ fn released<K>(
     let entry = unsafe { entry_ptr.as_ref() };
     let timeout = shared.config().key_idle_timeout.as_millis() as u64;
     if timeout == 0 {
+        if shared.state_hooks().on && entry.value().control.may_retire() {
+            // SAFETY: the guard, pinned before the release, keeps the entry alive.
+            unsafe { reap_with_state(shared, entry, guard, garbage) };
+            return;
+        }
         let mut paused = false;
         // SAFETY: every entry the executor handles comes from its one table, and `try_retire`
         // succeeds only on the idle-to-retired transition.
@@ -147,6 +196,11 @@ where
     let guard = shared.pin();
     // SAFETY: we own the chain (the caller's contract), so the entry is alive.
     let entry = unsafe { entry_ptr.as_ref() };
+    // Its state ends here (its handed-back tasks run against fresh ones: `PendingTask::run`).
+    // SAFETY: we own the chain.
+    if let Some(st) = unsafe { entry.value().state.take() } {
+        shared.state_hooks().release(entry.key(), st);
+    }
     // SAFETY: we own the chain.
     if !unsafe { entry.value().chain.try_release() } {
         return; // not empty after all: it stays live and is freed with the table
@@ -192,6 +246,17 @@ where
         // SAFETY: we held the key's idle item until now, under `guard`.
         unsafe { crate::key_control::park_idle(shared, item.entry) };
         return false;
+    }
+    if shared.state_hooks().on && entry.value().idle.due(now, timeout, force) {
+        // SAFETY: we hold the key's idle item.
+        match unsafe { reap_with_state(shared, entry, guard, garbage) } {
+            Some(true) => return true,
+            Some(false) => {
+                entry.value().idle.drop_item();
+                return false;
+            }
+            None => {} // active again: the ordinary reap below drops the item
+        }
     }
     // SAFETY: every entry the executor handles comes from its one table, and `reap` answers
     // `Retired` only when its `try_retire` made the idle-to-retired transition.

@@ -37,6 +37,12 @@ impl IdleWord {
         self.0.swap((now << 1) | QUEUED, Ordering::AcqRel) & QUEUED == 0
     }
 
+    /// Whether the key has stayed idle for `timeout` by `now` since its last release (`force`:
+    /// whatever the time): what [`reap`](Self::reap) checks first.
+    pub fn due(&self, now: u64, timeout: u64, force: bool) -> bool {
+        force || (self.0.load(Ordering::Acquire) >> 1) + timeout <= now
+    }
+
     /// The holder of the key's idle item drops it without retiring the key (a paused key,
     /// `control.rs`): a later release queues a new one.
     pub fn drop_item(&self) {

@@ -28,6 +28,8 @@ pub(crate) struct KeyState {
     pub(crate) control: Control,
     /// What `key_stats` reads of the chain (`serializer/keys.rs`).
     pub(crate) seen: Seen,
+    /// The key's state (`state.rs`: only the chain's baton holder touches it).
+    pub(crate) state: crate::state::StateCell,
     /// The key's share of the serializer's key budget (`key_budget.rs`), given back when the
     /// key is retired.
     pub(crate) share: KeyShare,
@@ -43,6 +45,7 @@ impl KeyState {
             shed: AtomicBool::new(false),
             control: Control::new(),
             seen: Seen::default(),
+            state: crate::state::StateCell::default(),
             share,
             _track: track,
         }

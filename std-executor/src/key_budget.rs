@@ -50,32 +50,32 @@ impl KeyBudget {
     }
 
     /// Live keys (shares taken and not given back).
-    #[cfg(test)]
     pub(crate) fn live(&self) -> usize {
         self.live.load(Ordering::Relaxed)
     }
 
     /// A share if the budget has room.
-    pub(crate) fn try_take(self: &Arc<Self>) -> Option<KeyShare> {
-        let mut n = self.live.load(Ordering::Relaxed);
+    pub(crate) fn try_take(this: &Arc<Self>) -> Option<KeyShare> {
+        let me: &KeyBudget = this;
+        let mut n = me.live.load(Ordering::Relaxed);
         loop {
-            if n >= self.max {
+            if n >= me.max {
                 return None;
             }
-            match self
+            match me
                 .live
                 .compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Relaxed)
             {
-                Ok(_) => return Some(KeyShare::of(self.clone())),
+                Ok(_) => return Some(KeyShare::of(this.clone())),
                 Err(seen) => n = seen,
             }
         }
     }
 
     /// A share whatever the budget says (`pause`, `cancel_key`, a worker's entry).
-    pub(crate) fn force_take(self: &Arc<Self>) -> KeyShare {
-        self.live.fetch_add(1, Ordering::AcqRel);
-        KeyShare::of(self.clone())
+    pub(crate) fn force_take(this: &Arc<Self>) -> KeyShare {
+        this.live.fetch_add(1, Ordering::AcqRel);
+        KeyShare::of(this.clone())
     }
 
     fn give_back(&self) {
@@ -148,10 +148,10 @@ mod tests {
     #[test]
     fn shares_are_counted_and_given_back_once() {
         let b = KeyBudget::new(2);
-        let s1 = b.try_take().unwrap();
-        let s2 = b.try_take().unwrap();
-        assert!(b.try_take().is_none());
-        let forced = b.force_take();
+        let s1 = KeyBudget::try_take(&b).unwrap();
+        let s2 = KeyBudget::try_take(&b).unwrap();
+        assert!(KeyBudget::try_take(&b).is_none());
+        let forced = KeyBudget::force_take(&b);
         assert_eq!(b.live(), 3);
         s1.release();
         s1.release();
@@ -159,7 +159,7 @@ mod tests {
         assert_eq!(b.live(), 2);
         drop(forced);
         assert_eq!(b.live(), 1);
-        let s3 = b.try_take().unwrap();
+        let s3 = KeyBudget::try_take(&b).unwrap();
         b.wait_a_little(Duration::from_millis(1)); // full: times out
         drop((s2, s3));
         assert_eq!(b.live(), 0);

@@ -211,3 +211,28 @@ where
         crate::sync::snooze(&backoff);
     }
 }
+
+/// At termination, with key state: the states of paused keys (whose chains stay parked) go
+/// through the release hook too (`state.rs`); each chain is taken from its wait and parked again.
+pub(crate) fn release_paused_states<K>(sh: &Shared<K>)
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    if !sh.state_hooks().on {
+        return;
+    }
+    let mut stolen = Vec::new();
+    sh.permit_waits()
+        .steal_where(|p| p.why == ParkedFor::Pause, |p| stolen.push(p.entry));
+    for e in stolen {
+        // SAFETY: the steal gave us the chain's baton, so the entry is alive and the state ours.
+        let entry = unsafe { e.as_ref() };
+        entry.value().control.forget_wait();
+        // SAFETY: as above.
+        if let Some(st) = unsafe { entry.value().state.take() } {
+            sh.state_hooks().release(entry.key(), st);
+        }
+        // SAFETY: we still own the chain.
+        unsafe { park_or_schedule(sh, e) };
+    }
+}

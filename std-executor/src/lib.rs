@@ -215,6 +215,7 @@ mod worker;
 mod handle;
 mod nodes;
 mod slab;
+mod state;
 mod task;
 mod trace;
 mod user;

@@ -2,7 +2,8 @@
 
 use std::fmt;
 
-use crate::task::TaskRef;
+use crate::state::StateHooks;
+use crate::task::{Kind, TaskRef};
 
 /// A task handed back by [`Serializer::shutdown_now`](crate::Serializer::shutdown_now): never started. Run it yourself with
 /// [`run`](Self::run), or drop it (its handle, if any, resolves `Cancelled`).
@@ -24,11 +25,25 @@ use crate::task::TaskRef;
 pub struct PendingTask<K> {
     key: Option<K>,
     task: TaskRef,
+    /// For a state task: how to make (and release) the state it runs against.
+    state: Option<StateHooks<K>>,
 }
 
 impl<K> PendingTask<K> {
     pub(crate) fn new(key: Option<K>, task: TaskRef) -> Self {
-        PendingTask { key, task }
+        PendingTask {
+            key,
+            task,
+            state: None,
+        }
+    }
+
+    /// A state task's hand-back: `run` makes it a fresh state with `hooks` (see `run`).
+    pub(crate) fn with_state_hooks(mut self, hooks: &StateHooks<K>) -> Self {
+        if self.task.kind() == Kind::State {
+            self.state = Some(hooks.clone());
+        }
+        self
     }
 
     /// The task's key; `None` for an unkeyed [`spawn`](crate::Serializer::spawn) task.
@@ -61,8 +76,32 @@ impl<K> PendingTask<K> {
     /// assert_eq!(h.join().unwrap(), "ran later");
     /// # tx.send(()).unwrap();
     /// ```
-    pub fn run(self) {
-        self.task.run(None, &|_| {});
+    ///
+    /// A state task ([`submit_with_state`](crate::Serializer::submit_with_state)) runs against a
+    /// fresh state made by the serializer's `init` for its key, which then goes through the
+    /// release hook (or is dropped).
+    pub fn run(self)
+    where
+        K: Clone,
+    {
+        let PendingTask { key, task, state } = self;
+        match (state, key) {
+            (Some(hooks), Some(key)) => {
+                let mut slot = None;
+                let mut source = crate::state::EntrySource {
+                    slot: &mut slot,
+                    key: &key,
+                    init: &*hooks.init,
+                };
+                crate::state::run_with(&mut source, || task.run(None, &|_| {}));
+                if let Some(st) = slot {
+                    hooks.release(&key, st);
+                }
+            }
+            _ => {
+                task.run(None, &|_| {});
+            }
+        }
     }
 }
 

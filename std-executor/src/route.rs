@@ -36,7 +36,7 @@ use crossbeam_deque::Worker;
 use keyserial_core::chain::{Pushed, Retired};
 
 use crate::key::{KeyEntry, KeyState, Runnable};
-use crate::key_budget::KeyShare;
+use crate::key_budget::{KeyBudget, KeyShare};
 use crate::lane_task::Item;
 use crate::lane_task::LaneTask;
 use crate::lanes::TrackToken;
@@ -108,7 +108,11 @@ where
     // Only a permit-gated task needs its key's state (the chain it parks); the rest run
     // directly unless the key is tracked.
     // A future needs it too: its chain keeps the key owned while the future is pending.
-    let plain = kind != Kind::Permits && kind != Kind::Future && track == Track::AsIs;
+    // And a state task: its key's state is its chain's owner's to hand over (`state.rs`).
+    let plain = kind != Kind::Permits
+        && kind != Kind::Future
+        && kind != Kind::State
+        && track == Track::AsIs;
     let lane = sh.lanes().index_of(hash);
     if plain && !sh.lanes().tracked.any(lane, hash) {
         return Route::Direct(item);
@@ -224,7 +228,10 @@ where
         _ => {
             // A key made here (a worker's route, `pause`, `cancel_key`) takes its share of a key
             // budget whatever the limit (`key_budget.rs`); one left unpublished gives it back.
-            let mut share = Some(sh.budget().map_or_else(KeyShare::none, |b| b.force_take()));
+            let mut share = Some(
+                sh.budget()
+                    .map_or_else(KeyShare::none, KeyBudget::force_take),
+            );
             sh.table().get_or_insert_with(
                 key.clone(),
                 || {

@@ -94,6 +94,8 @@ pub(crate) struct Shared<K> {
     shared_idle: Option<Mutex<std::collections::VecDeque<crate::key::IdleItem<K>>>>,
     /// How spans and events write a key (feature `tracing`; nothing without it).
     labeler: crate::trace::Labeler<K>,
+    /// `key_state` and `on_key_release` (`state.rs`).
+    state: crate::state::StateHooks<K>,
     start: Instant,
 }
 
@@ -256,6 +258,12 @@ impl<K> Shared<K> {
         self.budget.as_ref()
     }
 
+    /// `key_state` and `on_key_release` (`state.rs`).
+    #[inline]
+    pub(crate) fn state_hooks(&self) -> &crate::state::StateHooks<K> {
+        &self.state
+    }
+
     /// How spans and events write a key (`trace.rs`).
     #[inline]
     pub(crate) fn labeler(&self) -> &crate::trace::Labeler<K> {
@@ -322,6 +330,7 @@ where
         unparkers: Box<[crate::sync::Unparker]>,
         owned: Vec<Owned<K>>,
         labeler: crate::trace::Labeler<K>,
+        state: crate::state::StateHooks<K>,
     ) -> Shared<K> {
         let slots: Box<[Slot<K>]> = owned
             .into_iter()
@@ -366,6 +375,7 @@ where
                 .max_keys
                 .map(|_| Mutex::new(std::collections::VecDeque::new())),
             labeler,
+            state,
             start: Instant::now(),
             config,
         }

@@ -217,9 +217,13 @@ fn many_keys_through_a_small_budget_keep_order_and_lose_nothing() {
             .collect();
         assert_eq!(ran, (0..PER_KEY).collect::<Vec<_>>(), "key {k}");
     }
-    // The live count stays within the budget (one over at most, when a submit races an idle
-    // release of its own key: see Builder::max_keys).
-    assert!(most.load(SeqCst) <= 5, "{} live keys", most.load(SeqCst));
+    // The live count stays within the budget, but for a submission that races an idle release
+    // of its own key, one per submitter at most (see Builder::max_keys).
+    assert!(
+        most.load(SeqCst) <= 4 + 2,
+        "{} live keys",
+        most.load(SeqCst)
+    );
 }
 
 #[test]

@@ -38,7 +38,7 @@ use crate::handle::{JoinState, OriginCheck, TaskHandle};
 #[cfg(debug_assertions)]
 use crate::key::KeyEntry;
 use crate::key::{KeyState, Runnable};
-use crate::key_budget::KeyShare;
+use crate::key_budget::{KeyBudget, KeyShare};
 use crate::lane_task::Item;
 use crate::lane_task::LaneTask;
 use crate::lanes::TrackToken;
@@ -54,9 +54,10 @@ use keyserial_core::chain::{Pushed, Retired};
 
 use super::{Mode, Serializer};
 
-impl<K> Serializer<K>
+impl<K, S> Serializer<K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: Send + 'static,
 {
     pub(super) fn submit_joined<F, T>(
         &self,
@@ -86,7 +87,7 @@ where
         wrap: impl FnOnce(F, Option<Claim<K>>) -> G,
     ) -> Result<TaskHandle<T>, Rejected<F>>
     where
-        F: FnOnce() -> T + Send + 'static,
+        F: Send + 'static,
         G: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
@@ -322,7 +323,8 @@ where
                     ks.seen.left(1);
                     node = back;
                     entry = loop {
-                        let share = budget.try_take().unwrap_or_else(|| budget.force_take());
+                        let share = KeyBudget::try_take(budget)
+                            .unwrap_or_else(|| KeyBudget::force_take(budget));
                         match entry_of(sh, &key, lane, hash, &guard, Some(share)) {
                             Ok(e) if !e.value().chain.is_retired() => break e,
                             _ => continue,
@@ -421,7 +423,7 @@ where
         return Ok(e);
     }
     let budget = sh.budget().expect("a serializer with a key budget");
-    let Some(share) = share.or_else(|| budget.try_take()) else {
+    let Some(share) = share.or_else(|| KeyBudget::try_take(budget)) else {
         return Err(());
     };
     let mut share = Some(share);

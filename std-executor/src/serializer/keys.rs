@@ -23,9 +23,10 @@ use crate::sync::Ordering;
 use crate::task::TaskRef;
 use crate::user;
 
-impl<K> Serializer<K>
+impl<K, S> Serializer<K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: Send + 'static,
 {
     /// Pauses `key`: none of its tasks starts after this returns, until [`resume`](Self::resume).
     /// The task of the key that is running (or being started) as `pause` is called finishes;
@@ -321,7 +322,7 @@ where
             .chain(from_lane.into_iter().map(LaneTask::into_task))
         {
             match user::catch(|| key.clone()) {
-                Ok(k) => out.push(PendingTask::new(Some(k), t)),
+                Ok(k) => out.push(PendingTask::new(Some(k), t).with_state_hooks(sh.state_hooks())),
                 Err(payload) => {
                     sh.count_dropped_outside(1);
                     sh.release_slot();

@@ -118,20 +118,24 @@ use crate::worker::{self};
 /// assert!(s.await_termination(std::time::Duration::from_secs(10)));
 /// assert_eq!(*log.lock().unwrap(), [0, 1, 2, 3, 4]); // alice's tasks, in order
 /// ```
-pub struct Serializer<K>
+pub struct Serializer<K, S = ()>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: Send + 'static,
 {
     shared: Arc<Shared<K>>,
     /// A bounded wait (`await_termination`, `shutdown_timeout`) gave up after shutdown; with
     /// `shutdown_now` called too, `Drop` detaches the threads still inside a task.
     gave_up: AtomicBool,
+    /// The type of its keys' state (`Builder::key_state`; `()` without).
+    _state: std::marker::PhantomData<fn() -> S>,
 }
 
 #[cfg(test)]
-impl<K> Serializer<K>
+impl<K, S> Serializer<K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: Send + 'static,
 {
     /// The lane a key's submissions go through (tests that need keys sharing a lane).
     pub(crate) fn lane_of(&self, key: &K) -> usize {
@@ -139,9 +143,10 @@ where
     }
 }
 
-impl<K> fmt::Debug for Serializer<K>
+impl<K, S> fmt::Debug for Serializer<K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: Send + 'static,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Serializer")
@@ -166,9 +171,10 @@ enum Mode {
     Try,
 }
 
-impl<K> Serializer<K>
+impl<K, S> Serializer<K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: Send + 'static,
 {
     /// Starts a serializer with the checked settings `config` and queue bound `capacity`
     /// (`Builder::build`).
@@ -176,6 +182,7 @@ where
         config: Config,
         capacity: Option<usize>,
         labeler: crate::trace::Labeler<K>,
+        state: crate::state::StateHooks<K>,
     ) -> std::io::Result<Self> {
         let (workers, max_workers) = (config.workers, config.max_workers);
         let parkers: Vec<Parker> = (0..max_workers).map(|_| Parker::new()).collect();
@@ -187,10 +194,13 @@ where
             .zip(parkers)
             .map(|(deque, parker)| Owned { deque, parker })
             .collect();
-        let shared = Arc::new(Shared::new(config, capacity, unparkers, owned, labeler));
+        let shared = Arc::new(Shared::new(
+            config, capacity, unparkers, owned, labeler, state,
+        ));
         let serializer = Serializer {
             shared,
             gave_up: AtomicBool::new(false),
+            _state: std::marker::PhantomData,
         };
         for i in 0..workers {
             worker::spawn(&serializer.shared, i)?;
@@ -265,6 +275,59 @@ where
         .map_err(|reason| Rejected {
             reason,
             task: slot.take().expect("refused before the task was built"),
+        })
+    }
+
+    /// Submits `task` for `key` with the key's state (see
+    /// [`Builder::key_state`](crate::Builder::key_state)): the task gets `&mut S`, made by
+    /// `init(&key)` just before the key's first state task runs, the same value for every later
+    /// state task of the key, in the key's order (interleaved in order with its plain tasks,
+    /// which do not see it). No lock: the key's tasks never overlap. On a serializer without
+    /// `key_state`, `S` is `()`. Blocks while the serializer is at capacity, as
+    /// [`submit`](Self::submit) does.
+    ///
+    /// A handed-back state task (from [`shutdown_now`](Self::shutdown_now) or
+    /// [`cancel_key`](Self::cancel_key)) runs, when its [`PendingTask`] is run, against a
+    /// fresh state made by `init` for it, released through the hook right after. Futures do not
+    /// take state: a state task can hand what a future needs to `submit_async` (clone it out).
+    ///
+    /// # Errors
+    /// As [`submit`](Self::submit).
+    ///
+    /// ```
+    /// use keyserial::Builder;
+    /// let s = Builder::<&str>::new().key_state(|_| Vec::new()).build().unwrap();
+    /// s.submit_with_state("log", |v: &mut Vec<u32>| v.push(1)).unwrap();
+    /// s.execute("log", || ()).unwrap(); // a plain task, in the same order
+    /// let seen = s.submit_with_state("log", |v: &mut Vec<u32>| { v.push(2); v.clone() });
+    /// assert_eq!(seen.unwrap().join().unwrap(), [1, 2]);
+    /// ```
+    pub fn submit_with_state<F, T>(&self, key: K, task: F) -> Result<TaskHandle<T>, Rejected<F>>
+    where
+        F: FnOnce(&mut S) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        self.submit_job(Some(key), task, Kind::State, Mode::Block, None, |f, _| {
+            move || crate::state::with_current(f)
+        })
+    }
+
+    /// [`submit_with_state`](Self::submit_with_state) that never blocks: at capacity it hands
+    /// the task back with [`RejectReason::Full`].
+    ///
+    /// ```
+    /// use keyserial::Builder;
+    /// let s = Builder::<u8>::new().key_state(|_| 0u8).build().unwrap();
+    /// let h = s.try_submit_with_state(1, |n: &mut u8| { *n += 1; *n }).unwrap();
+    /// assert_eq!(h.join().unwrap(), 1);
+    /// ```
+    pub fn try_submit_with_state<F, T>(&self, key: K, task: F) -> Result<TaskHandle<T>, Rejected<F>>
+    where
+        F: FnOnce(&mut S) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        self.submit_job(Some(key), task, Kind::State, Mode::Try, None, |f, _| {
+            move || crate::state::with_current(f)
         })
     }
 
@@ -470,7 +533,9 @@ where
         let t = sh.tally();
         Stats {
             workers: sh.lifecycle().live_workers(),
-            active_keys: sh.table().len(),
+            // With a key budget, the keys it counts (`key_budget.rs`): exact, where the
+            // table's length is a sum of sharded counters read one after another.
+            active_keys: sh.budget().map_or_else(|| sh.table().len(), |b| b.live()),
             queued: t
                 .admitted
                 .saturating_sub(t.started + t.dropped + t.handed_back) as usize,

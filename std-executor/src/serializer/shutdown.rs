@@ -19,9 +19,10 @@ use crate::worker::{self, drain_chain};
 
 use super::Serializer;
 
-impl<K> Serializer<K>
+impl<K, S> Serializer<K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: Send + 'static,
 {
     /// Stops accepting tasks; queued tasks still run. Idempotent; returns without waiting for
     /// any task (see [`await_termination`](Self::await_termination)), only for the unkeyed and
@@ -152,7 +153,9 @@ where
             }
         }
         sh.sleep().wake_all();
-        out
+        out.into_iter()
+            .map(|p| p.with_state_hooks(sh.state_hooks()))
+            .collect()
     }
 
     fn drain_into(&self, e: NonNull<KeyEntry<K>>, out: &mut Vec<PendingTask<K>>) {
@@ -292,9 +295,10 @@ where
     }
 }
 
-impl<K> Drop for Serializer<K>
+impl<K, S> Drop for Serializer<K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: Send + 'static,
 {
     /// See [Dropping](Serializer#dropping).
     fn drop(&mut self) {

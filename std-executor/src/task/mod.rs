@@ -42,6 +42,8 @@ pub(crate) enum Kind {
     LatestCell,
     /// `submit_async`: a future, polled on its key's chain (`future_task.rs`).
     Future,
+    /// `submit_with_state`: runs on its key's chain, with the key's state (`state.rs`).
+    State,
 }
 
 /// Why a task is abandoned without running.

@@ -157,13 +157,25 @@ where
             self.bump(|c| &c.started);
             ks.seen.left(1);
             ks.seen.set_running(true);
-            task.run(permit, &|panicked| {
+            let done = |panicked| {
                 self.finish_task(panicked);
                 if panicked && self.pauses_on_panic() {
                     // Before the handle resolves; this loop parks the chain at its next pop.
                     ks.control.pause();
                 }
-            });
+            };
+            if task.kind() == Kind::State {
+                // SAFETY: we own the chain, so its key's state is ours to hand over.
+                let slot = unsafe { ks.state.slot() };
+                let mut source = crate::state::EntrySource {
+                    slot,
+                    key: entry.key(),
+                    init: &*self.shared.state_hooks().init,
+                };
+                crate::state::run_with(&mut source, || task.run(permit, &done));
+            } else {
+                task.run(permit, &done);
+            }
             ks.seen.set_running(false);
             ran += 1;
             match self.slot.phase.leave_running() {

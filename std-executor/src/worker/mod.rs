@@ -341,6 +341,7 @@ where
             // so `stats().active_keys` and memory reflect it after termination.
             self.now = self.shared.now_ms();
             self.reap_idle(true);
+            crate::key_control::release_paused_states(self.shared);
         }
         self.flush_garbage();
         if self.searching {

@@ -21,9 +21,10 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 /// Occupies a worker with a task of `key` until the returned sender is used or dropped (waits
 /// until the task is running).
-pub fn block_worker<K>(s: &Serializer<K>, key: K) -> mpsc::Sender<()>
+pub fn block_worker<K, S>(s: &Serializer<K, S>, key: K) -> mpsc::Sender<()>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: Send + 'static,
 {
     let (tx, rx) = mpsc::channel::<()>();
     let before = s.stats().running;
