@@ -16,28 +16,38 @@ pub(crate) struct JoinState<T> {
     done: AtomicBool,
     slot: Mutex<Slot<T>>,
     cond: Condvar,
-    /// Debug builds: the serializer and key the task was submitted to, so that `join` can catch
+    /// The serializer and key the task was submitted to, so that a wait on the handle can catch
     /// a task that waits for a later task of its own key (`None`: unkeyed, or not checkable).
-    #[cfg(debug_assertions)]
     origin: OriginCheck,
 }
 
-/// What a handle keeps for the self-wait check: the task's [`Origin`] in debug builds, nothing
-/// in release builds.
-#[cfg(debug_assertions)]
-pub(crate) type OriginCheck = Option<Box<dyn Origin>>;
-/// What a handle keeps for the self-wait check: the task's [`Origin`] in debug builds, nothing
-/// in release builds.
-#[cfg(not(debug_assertions))]
-pub(crate) type OriginCheck = ();
+/// What a handle keeps for the self-wait check: its task's serializer and key (`None`:
+/// unkeyed, or a `submit_latest` task, which can also resolve by being superseded).
+pub(crate) type OriginCheck = Option<SelfWait>;
 
-/// Where a task was submitted, as far as [`TaskHandle::join`]'s self-wait check needs to know.
-#[cfg(debug_assertions)]
-pub(crate) trait Origin: Send + Sync {
-    /// `true` if the calling thread is, right now, one of the serializer's workers inside a task
-    /// of the same key (so a task of that key that has not finished is queued behind that task,
-    /// or is that task).
-    fn running_same_key_here(&self) -> bool;
+/// A keyed task's serializer and key, as the self-wait check compares them with the task the
+/// calling thread runs (`worker::running_key_here`): the key's hash, tagged (`hash | 1`, so
+/// that it is never 0, which stands for "no keyed task").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SelfWait {
+    pub(crate) serializer: usize,
+    pub(crate) key: u64,
+}
+
+impl SelfWait {
+    /// Panics if the calling thread is one of the task's serializer's workers inside a task of
+    /// the same key: the awaited task is queued behind the caller (or is the caller) and cannot
+    /// start before the caller returns, so the wait would never end.
+    fn check(self) {
+        if crate::worker::running_key_here(self.serializer) == Some(self.key) {
+            panic!(
+                "keyserial: a task waits for a task of its own key that has not run (a later \
+                 one, or itself): that task is queued behind the waiting one and can never \
+                 start, so the wait would never end (see the crate docs, \"A task must never \
+                 wait for a later task of its own key\")"
+            );
+        }
+    }
 }
 
 struct Slot<T> {
@@ -48,8 +58,6 @@ struct Slot<T> {
 impl<T> JoinState<T> {
     /// A state for a task submitted from `origin` (checked in debug builds only).
     pub(crate) fn new(origin: OriginCheck) -> Arc<Self> {
-        #[cfg(not(debug_assertions))]
-        let () = origin;
         Arc::new(JoinState {
             done: AtomicBool::new(false),
             slot: Mutex::new(Slot {
@@ -57,7 +65,6 @@ impl<T> JoinState<T> {
                 waker: None,
             }),
             cond: Condvar::new(),
-            #[cfg(debug_assertions)]
             origin,
         })
     }
@@ -103,12 +110,16 @@ impl<T> TaskHandle<T> {
 
     /// Blocks until the task has finished and returns its value, or why there is none.
     ///
-    /// Never join, from inside a task, a task of the **same key** submitted after it (or the
-    /// task itself): it is queued behind the joining task and cannot start before that one
-    /// returns, so the join never finishes. Debug builds catch this with a `debug_assert!`
-    /// (for every kind of submission except `submit_latest`, whose handles can also resolve by
-    /// being superseded). Joining tasks of other keys from inside a task is allowed, but holds a
-    /// worker thread while it waits.
+    /// # Panics
+    ///
+    /// From inside a task, on a task of the **same key** that has not finished (one submitted
+    /// after it, or the task itself): that task is queued behind the joining one and cannot
+    /// start before it returns, so the join would never end. Every build panics instead of
+    /// hanging (the joining task's handle then resolves `Panicked`), for every kind of
+    /// submission except `submit_latest`, whose handles can also resolve by being superseded;
+    /// awaiting the handle (its `Future`, `block_on`) panics the same way. The check compares
+    /// the keys' 64-bit hashes. Joining tasks of other keys from inside a task is allowed, but
+    /// holds a worker thread while it waits.
     ///
     /// ```
     /// use keyserial::{Serializer, TaskError};
@@ -116,14 +127,10 @@ impl<T> TaskHandle<T> {
     /// assert_eq!(s.submit(1, || "done").unwrap().join().unwrap(), "done");
     /// ```
     pub fn join(self) -> Result<T, TaskError> {
-        #[cfg(debug_assertions)]
-        if let Some(origin) = &self.state.origin {
-            debug_assert!(
-                self.is_finished() || !origin.running_same_key_here(),
-                "keyserial: TaskHandle::join called from inside a task on a task of the same key \
-                 that has not run yet (or on the running task itself): it is queued behind the \
-                 caller and this join would never return"
-            );
+        if !self.is_finished() {
+            if let Some(origin) = self.state.origin {
+                origin.check();
+            }
         }
         let mut slot = lock(&self.state.slot);
         loop {
@@ -165,6 +172,16 @@ impl<T> Future for TaskHandle<T> {
         let mut slot = lock(&self.state.slot);
         if let Some(r) = slot.result.take() {
             return Poll::Ready(r);
+        }
+        if let Some(origin) = self.state.origin {
+            // Not finished, and it cannot finish while the caller runs, if it is the caller's
+            // own key's (see `join`): checked outside the lock, as the panic unwinds.
+            drop(slot);
+            origin.check();
+            slot = lock(&self.state.slot);
+            if let Some(r) = slot.result.take() {
+                return Poll::Ready(r);
+            }
         }
         if slot.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             return Poll::Pending;

@@ -67,9 +67,22 @@
 //!
 //! A task that blocks on a task of the same key submitted after it (joining its handle, waiting on
 //! a channel it fills, a barrier they share) **never finishes**: the later task cannot start
-//! before the waiting one returns, and the key is stuck for good. In debug builds,
-//! [`TaskHandle::join`] on such a handle from inside the key's task panics (a `debug_assert!`)
-//! instead of hanging. Waiting for *other* keys' tasks is allowed, but holds a worker thread.
+//! before the waiting one returns, and the key is stuck for good. Waiting on such a task's
+//! handle from inside the key's task ([`TaskHandle::join`], or polling the handle: `block_on`,
+//! `.await` in a `submit_async` future) panics in every build instead of hanging, so the waiting
+//! task fails `Panicked` and the key goes on. A wait on something else the later task would
+//! fill (a channel, a barrier) cannot be seen, and hangs. Waiting for *other* keys' tasks is
+//! allowed, but holds a worker thread.
+//!
+//! ```
+//! use std::sync::{mpsc, Arc};
+//! use keyserial::{Serializer, TaskError};
+//! let s: Arc<Serializer<u32>> = Arc::new(Serializer::new());
+//! let (tx, rx) = mpsc::channel();
+//! let waiting = s.submit(1, move || { let later: keyserial::TaskHandle<()> = rx.recv().unwrap(); later.join() }).unwrap();
+//! tx.send(s.submit(1, || ()).unwrap()).unwrap(); // a later task of key 1
+//! assert!(matches!(waiting.join(), Err(TaskError::Panicked(_)))); // not a hang
+//! ```
 //!
 //! # Sharing a serializer
 //!
@@ -142,9 +155,6 @@
 //! [`Arc`]: std::sync::Arc
 #![cfg_attr(not(loom), deny(missing_docs))]
 #![deny(unsafe_op_in_unsafe_fn)]
-// Release builds keep no origin for the debug self-join check (`handle::OriginCheck` is `()`
-// there), so the calls that pass it pass a unit value.
-#![cfg_attr(not(debug_assertions), allow(clippy::unit_arg))]
 
 // The map of this crate, for its developers (the modules are private). Grouped by what they
 // serve; each module's own docs give its protocol.

@@ -340,8 +340,6 @@ where
                 phase: CachePadded::new(Phase::new()),
                 current: AtomicUsize::new(0),
                 direct_hash: crate::sync::AtomicU64::new(0),
-                #[cfg(debug_assertions)]
-                direct_key: AtomicUsize::new(0),
                 counters: CachePadded::new(Counters::default()),
                 alive: AtomicBool::new(false),
             })

@@ -35,14 +35,10 @@ pub(crate) struct Slot<K> {
     pub(crate) phase: CachePadded<Phase>,
     /// The entry whose chain the slot's worker is running (valid while `RUNNING`).
     pub(crate) current: AtomicUsize,
-    /// The key hash of the task the worker runs straight from a lane or a deferral (valid
-    /// while `RUNNING` with `current` 0): `key_stats`' `running`.
+    /// The key of the task the worker runs, as its tagged hash (`hash | 1`; 0: an unkeyed
+    /// task), valid while `RUNNING`: `key_stats`' `running` (for a task run straight from a lane
+    /// or a deferral, `current` 0) and the self-wait check (`handle::SelfWait`).
     pub(crate) direct_hash: AtomicU64,
-    /// Debug builds: the key of the task the worker runs straight from a lane or a deferral
-    /// (valid while `RUNNING`, read only by the worker's own thread; for `TaskHandle::join`'s
-    /// same-key check).
-    #[cfg(debug_assertions)]
-    pub(crate) direct_key: AtomicUsize,
     pub(crate) counters: CachePadded<Counters>,
     /// A thread currently owns this slot.
     pub(crate) alive: AtomicBool,

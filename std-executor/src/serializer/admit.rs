@@ -23,10 +23,6 @@
 //! behind.
 
 use std::hash::Hash;
-#[cfg(debug_assertions)]
-use std::ptr::NonNull;
-#[cfg(debug_assertions)]
-use std::sync::Arc;
 
 use crate::capacity::Reservation;
 use crate::claims::Claim;
@@ -35,8 +31,6 @@ use std::future::Future;
 use crate::error::{RejectReason, Rejected};
 use crate::future_task::{AsyncJob, FutureCell};
 use crate::handle::{JoinState, OriginCheck, TaskHandle};
-#[cfg(debug_assertions)]
-use crate::key::KeyEntry;
 use crate::key::{KeyState, Runnable};
 use crate::key_budget::{KeyBudget, KeyShare};
 use crate::lane_task::Item;
@@ -44,10 +38,6 @@ use crate::lane_task::LaneTask;
 use crate::lanes::TrackToken;
 use crate::latest_cells::Offered;
 use crate::semaphore::Semaphore;
-#[cfg(debug_assertions)]
-use crate::shared::Shared;
-#[cfg(debug_assertions)]
-use crate::sync::Ordering;
 use crate::task::{Abandon, Joined, Kind, TaskRef};
 use crate::worker;
 use keyserial_core::chain::{Pushed, Retired};
@@ -387,23 +377,16 @@ where
         Ok(())
     }
 
-    /// Debug builds: what a handle needs to catch a join on a later task of the caller's own
-    /// key ([`TaskHandle::join`]). Not for `submit_latest` tasks, which can also resolve by being
-    /// superseded while the caller waits.
-    #[cfg(debug_assertions)]
+    /// What a handle needs to catch a wait on a later task of the caller's own key
+    /// (`handle::SelfWait`). Not for `submit_latest` tasks, which can also resolve by being
+    /// superseded while the caller waits. Runs the key's `Hash` (user code) on the caller.
     pub(super) fn origin_of(&self, key: Option<&K>, kind: Kind) -> OriginCheck {
-        let key = key.filter(|_| kind != Kind::Latest)?.clone();
-        Some(Box::new(KeyOrigin {
-            id: self.shared.id(),
-            shared: Arc::downgrade(&self.shared),
-            key,
-        }))
+        let key = key.filter(|_| kind != Kind::Latest)?;
+        Some(crate::handle::SelfWait {
+            serializer: self.shared.id(),
+            key: self.shared.hash_of(key) | 1,
+        })
     }
-
-    /// Release builds keep nothing for the check.
-    #[cfg(not(debug_assertions))]
-    #[inline(always)]
-    pub(super) fn origin_of(&self, _key: Option<&K>, _kind: Kind) -> OriginCheck {}
 }
 
 /// With a key budget: the key's live entry, or a new one holding a share of the budget (`share`,
@@ -451,54 +434,4 @@ where
     sh.table()
         .get(key, guard)
         .filter(|e| !e.value().chain.is_retired())
-}
-
-/// Debug builds: the serializer and key of a handle's task (see [`crate::handle::Origin`]).
-#[cfg(debug_assertions)]
-struct KeyOrigin<K> {
-    id: usize,
-    shared: std::sync::Weak<Shared<K>>,
-    key: K,
-}
-
-#[cfg(debug_assertions)]
-impl<K> crate::handle::Origin for KeyOrigin<K>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-{
-    fn running_same_key_here(&self) -> bool {
-        // Cheap exits first: most joins happen outside the serializer's workers.
-        if !worker::on_worker_of(self.id) {
-            return false;
-        }
-        let Some(sh) = self.shared.upgrade() else {
-            return false;
-        };
-        let Some((slot, _)) = worker::current_worker::<K>(sh.id()) else {
-            return false;
-        };
-        // After shutdown_now a queued task may be handed back and run elsewhere: no verdict.
-        if sh.lifecycle().is_stopped() {
-            return false;
-        }
-        let slot = &sh.slots()[slot];
-        // Only this thread moves its slot in and out of RUNNING and sets `current` before each
-        // task: RUNNING here means we are inside a task of the chain at `current`.
-        if !slot.phase.is_running() {
-            return false;
-        }
-        let Some(entry) = NonNull::new(slot.current.load(Ordering::Relaxed) as *mut KeyEntry<K>)
-        else {
-            // A task run straight from a lane or a deferral (its key), or an unkeyed one (0).
-            let direct = slot.direct_key.load(Ordering::Relaxed) as *const K;
-            // SAFETY: this thread's worker stored the address of the running task's key, which
-            // lives in its stack frame until the task returns; we are inside that task.
-            return !direct.is_null() && unsafe { &*direct } == &self.key;
-        };
-        // SAFETY: this thread's worker runs a task of this entry's chain (RUNNING, set here), so
-        // the chain is active and the entry live; a stolen active chain's entry is freed only
-        // with the table, which `sh` keeps alive.
-        let same = unsafe { entry.as_ref() }.key() == &self.key;
-        same && !sh.lifecycle().is_stopped()
-    }
 }

@@ -364,6 +364,6 @@ where
         || sh.slots().iter().any(|s| {
             s.phase.is_running()
                 && s.current.load(Ordering::Relaxed) == 0
-                && s.direct_hash.load(Ordering::Relaxed) == hash
+                && s.direct_hash.load(Ordering::Relaxed) == hash | 1
         })
 }

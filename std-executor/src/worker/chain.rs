@@ -33,6 +33,7 @@ where
         }
         self.release_capacity();
         self.bump(|c| &c.started);
+        self.slot.direct_hash.store(0, Ordering::Relaxed); // no key
         task.run(None, &|panicked| self.finish_task(panicked));
         match self.slot.phase.leave_running() {
             AfterTask::Continue => After::Continue,
@@ -142,6 +143,9 @@ where
             self.slot
                 .current
                 .store(entry_ptr.as_ptr() as usize, Ordering::Relaxed);
+            self.slot
+                .direct_hash
+                .store(entry.hash() | 1, Ordering::Relaxed);
             if !self.slot.phase.enter_running() {
                 crate::user::drop_quietly(permit);
                 // `shutdown_now`: put the task back and leave the whole chain to the others
@@ -245,6 +249,9 @@ where
         self.slot
             .current
             .store(entry_ptr.as_ptr() as usize, Ordering::Relaxed);
+        // SAFETY: we own the chain, so the entry is alive.
+        let key_word = unsafe { entry_ptr.as_ref() }.hash() | 1;
+        self.slot.direct_hash.store(key_word, Ordering::Relaxed);
         if !self.slot.phase.enter_running() {
             // `shutdown_now`: as for a task (`run_chain`), the future goes back and the chain
             // to the others.

@@ -300,15 +300,9 @@ where
     ) -> Option<Ended<Deferral<K>>> {
         let sh = self.shared;
         let Item { key, task, .. } = item;
-        // `key` stays here, unmoved, until it is dropped after the task (the debug build's
-        // self-wait check reads it through `direct_key`).
-        #[cfg(debug_assertions)]
-        self.slot
-            .direct_key
-            .store(&key as *const K as usize, Ordering::Relaxed);
         self.release_capacity();
         self.bump(|c| &c.started);
-        self.slot.direct_hash.store(hash, Ordering::Relaxed);
+        self.slot.direct_hash.store(hash | 1, Ordering::Relaxed);
         let word = lane.map(|l| &sh.lanes().get(l).word);
         let run = word.map(|w| w.begin(self.index, hash as usize));
         task.run(&|panicked| {
@@ -322,8 +316,6 @@ where
         let ended = word
             .zip(run)
             .map(|(w, run)| w.end(run, sh.mailbox(self.index).expect("a worker has a mailbox")));
-        #[cfg(debug_assertions)]
-        self.slot.direct_key.store(0, Ordering::Relaxed);
         crate::user::drop_quietly(key);
         ended
     }
