@@ -28,7 +28,11 @@ use std::fmt;
 pub enum TaskError {
     /// The task panicked; the payload is the panic's.
     Panicked(PanicPayload),
-    /// The task was never run: handed back by `shutdown_now` and then dropped.
+    /// The task was never run, or a started future was dropped unfinished: the task was handed
+    /// back (by `shutdown_now`, `shutdown_timeout` or `cancel_key`) and then dropped; a
+    /// `submit_with_permits` task's semaphore was closed while it waited for its permits; a paused
+    /// key's queued task at a graceful shutdown (it does not run); or a started, pending future
+    /// at `shutdown_now`.
     Cancelled,
     /// A `submit_latest` task replaced by a newer `submit_latest` of the same key before it started.
     Superseded,
@@ -46,7 +50,7 @@ impl TaskError {
         matches!(self, TaskError::Panicked(_))
     }
 
-    /// `true` if the task was cancelled (handed back by `shutdown_now`, then dropped).
+    /// `true` if the task was cancelled (see [`TaskError::Cancelled`] for when).
     ///
     /// ```
     /// assert!(keyserial::TaskError::Cancelled.is_cancelled());

@@ -33,7 +33,10 @@ use crate::worker::{self};
 ///
 /// Tasks submitted with the same key run one at a time, in the order their submissions returned
 /// `Ok`; tasks of different keys run in parallel, and a slow or blocked task delays only its own
-/// key. Any number of keys may be used; a key that goes quiet is released as soon as it drains,
+/// key. Everything a task of a key did (every write, to any memory) happens-before the key's
+/// next task starts, on whatever thread it runs: a key's tasks may share plain data, as if one
+/// thread ran them in turn (as the per-key state of
+/// [`key_state`](crate::Builder::key_state) does). Any number of keys may be used; a key that goes quiet is released as soon as it drains,
 /// or after [`key_idle_timeout`](crate::Builder::key_idle_timeout).
 ///
 /// Two ways to lose that order or that progress (see the [crate docs](crate)): a closure that

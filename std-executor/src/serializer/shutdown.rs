@@ -59,6 +59,11 @@ where
     /// undisturbed, but the tasks queued behind them are handed back too. Dropping a returned
     /// [`PendingTask`] resolves its handle as [`Cancelled`](crate::TaskError::Cancelled).
     ///
+    /// **Order:** each key's tasks come back in their submission order (run them in the order
+    /// returned to keep the key's order); the keys are interleaved in no promised order, and
+    /// unkeyed tasks anywhere among them. A started future that is pending is not handed back:
+    /// it is dropped, and its handle resolves `Cancelled`.
+    ///
     /// ```
     /// use keyserial::Builder;
     /// let s = Builder::<u32>::new().workers(1).build().unwrap();
