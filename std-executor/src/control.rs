@@ -166,6 +166,17 @@ impl Control {
         lock(&self.locked).wait = 0;
     }
 
+    /// Runs `retire` under the lock unless the key is paused or held: `None` if it is (nothing
+    /// run), else what `retire` returned. A `pause` then either comes first (and the caller does
+    /// not retire) or after, and finds the chain retired (and goes to the key's new entry).
+    pub fn retire_unless_paused(&self, retire: impl FnOnce() -> bool) -> Option<bool> {
+        let l = lock(&self.locked);
+        if l.paused || l.holds > 0 {
+            return None;
+        }
+        Some(retire())
+    }
+
     /// Whether the key's idle chain may be retired (it is neither paused nor held), read under
     /// the lock.
     pub fn may_retire(&self) -> bool {

@@ -218,12 +218,13 @@ impl<K> Deferrals<K> {
             if !g.open {
                 continue;
             }
-            let items = std::mem::take(&mut g.items);
-            for item in items {
-                if f(&item) {
-                    taken(item);
+            // In place: if `f` (user code) panics, every item not yet taken stays queued.
+            let mut i = 0;
+            while i < g.items.len() {
+                if f(&g.items[i]) {
+                    taken(g.items.remove(i).expect("in bounds"));
                 } else {
-                    g.items.push_back(item);
+                    i += 1;
                 }
             }
         }

@@ -116,15 +116,26 @@ where
         shared.state_hooks().release(entry.key(), st);
     }
     let mut retired = false;
+    let mut paused = false;
     // SAFETY: the entry is our table's; the closure retires only by moving our owned (claimed
-    // above), empty chain to retired, in this call.
+    // above), empty chain to retired, in this call. The retire happens under the key's control
+    // lock, unless paused (`Control::retire_unless_paused`): a pause meanwhile is not lost.
     unsafe {
         retire_unlink(shared, entry, guard, garbage, |ks| {
-            retired = ks.chain.try_retire_owned();
+            match ks
+                .control
+                .retire_unless_paused(|| ks.chain.try_retire_owned())
+            {
+                Some(r) => retired = r,
+                None => paused = true,
+            }
             retired
         })
     };
-    if !retired {
+    if paused {
+        // SAFETY: we still own the chain.
+        unsafe { crate::key_control::park_or_schedule(shared, NonNull::from(entry)) };
+    } else if !retired {
         shared.schedule(Runnable::Chain(NonNull::from(entry)), None);
     }
     Some(retired)

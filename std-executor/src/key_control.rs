@@ -164,23 +164,37 @@ pub(crate) enum Held {
     /// The calling thread is the chain's owner, inside one of the key's tasks: it may take
     /// what is queued (the owner's loop pops again after the task returns).
     Mine,
+    /// Called from one of the serializer's workers, which must not wait for another worker:
+    /// the chain stayed busy, nothing was taken.
+    Busy,
 }
+
+/// How many times `hold_chain` looks again, on a worker, before it gives up (each look a
+/// backoff step: about a millisecond in all).
+const ON_WORKER_TRIES: u32 = 200;
 
 /// `cancel_key`: waits until it can take `entry`'s queued tasks. The key must be held
 /// (`Control::hold`), so that a worker draining the chain parks it at its next pop; waiting
-/// here is waiting for the key's running task, if it runs from the chain. A chain parked for
-/// a pause, for permits or for a pending future is taken from its wait (a permit request is
-/// withdrawn; a future is polled again after, see [`Held::Baton`]); an idle one is claimed.
+/// here is waiting for the key's running task (a pending future included), if it runs from the
+/// chain. A chain parked for a pause or for permits is taken from its wait (a permit request is
+/// withdrawn); an idle one is claimed. On a worker (`on_worker`) it gives up after a short
+/// while ([`Held::Busy`]).
 ///
 /// # Safety
 /// `entry` is an entry of `sh`'s table, kept allocated by the caller's epoch guard.
-pub(crate) unsafe fn hold_chain<K>(sh: &Shared<K>, entry: &KeyEntry<K>, on_owner: bool) -> Held
+pub(crate) unsafe fn hold_chain<K>(
+    sh: &Shared<K>,
+    entry: &KeyEntry<K>,
+    on_owner: bool,
+    on_worker: bool,
+) -> Held
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     let ks = entry.value();
     let ptr = NonNull::from(entry);
     let backoff = crossbeam_utils::Backoff::new();
+    let mut waited = 0u32;
     loop {
         if ks.chain.is_retired() {
             return Held::Retired;
@@ -195,18 +209,29 @@ where
                     return Held::Baton { future: false };
                 }
             }
-        } else if let Some(w) = sh.permit_waits().find(|p| p.entry == ptr) {
+        } else if let Some(w) = sh
+            .permit_waits()
+            .find(|p| p.entry == ptr && p.why == ParkedFor::Permits)
+        {
+            // Only a permit wait: a pause's is taken through its id above (the control lock
+            // orders that), and a pending future is the key's running task, waited for like a
+            // running closure (its waker owns the wait's other side).
             if sh.permit_waits().steal_one(&w) {
-                let parked = w.value();
-                if let Some(token) = crate::sync::lock(&parked.token).take() {
+                if let Some(token) = crate::sync::lock(&w.value().token).take() {
                     token.cancel(); // a late grant finds the wait stolen and gives back
                 }
-                return Held::Baton {
-                    future: parked.why == ParkedFor::Future,
-                };
+                return Held::Baton { future: false };
             }
         } else if ks.chain.try_claim() {
             return Held::Baton { future: false };
+        }
+        if on_worker {
+            // A worker must not wait for another worker (there may be none to come): it gives
+            // up after a short while.
+            waited += 1;
+            if waited > ON_WORKER_TRIES {
+                return Held::Busy;
+            }
         }
         crate::sync::snooze(&backoff);
     }

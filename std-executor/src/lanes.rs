@@ -259,7 +259,9 @@ pub(crate) struct QueuedTask<'a> {
 impl QueuedTask<'_> {
     /// Takes the task out of the slot, leaving a tombstone.
     pub(crate) fn take(self) -> LaneTask {
-        // SAFETY: as in `kind`; the tombstone left behind is skipped by every pop.
+        // SAFETY: `for_each_queued` hands out only a slot holding one task's parts (never a
+        // tombstone), unused since they were pushed, to the lane's owner, the one thread that
+        // touches a written slot; the tombstone left behind is skipped by every pop.
         unsafe { LaneTask::take_in_place(self.tag, self.bytes) }
             .expect("for_each_queued skips tombstones")
     }

@@ -66,7 +66,11 @@ impl<K: Clone> StateHooks<K> {
     pub(crate) fn release(&self, key: &K, state: Erased) {
         match &self.release {
             Some(hook) => match crate::user::catch(|| key.clone()) {
-                Ok(key) => crate::user::call_quietly(|| hook(key, state)),
+                Ok(key) => {
+                    IN_HOOK.with(|h| h.set(h.get() + 1));
+                    crate::user::call_quietly(|| hook(key, state));
+                    IN_HOOK.with(|h| h.set(h.get() - 1));
+                }
                 Err(payload) => {
                     crate::user::drop_payload(payload);
                     crate::user::drop_quietly(state);
@@ -75,6 +79,17 @@ impl<K: Clone> StateHooks<K> {
             None => crate::user::drop_quietly(state),
         }
     }
+}
+
+thread_local! {
+    /// Release hooks running on this thread (a hook may submit: with a key budget, such a
+    /// submission must not wait or release idle keys, whose FIFO the hook's caller may hold).
+    static IN_HOOK: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether the calling thread is inside a release hook.
+pub(crate) fn in_release_hook() -> bool {
+    IN_HOOK.with(|h| h.get() > 0)
 }
 
 /// A key's state cell in its entry (see the module docs for who may touch it).

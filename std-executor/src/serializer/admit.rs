@@ -279,11 +279,13 @@ where
                 Ok(_) => continue, // released under us: again
                 Err(()) => {}
             }
-            // At the limit: make room from the idle keys, else wait or refuse.
-            if crate::idle::release_one_idle(sh) {
+            // At the limit: make room from the idle keys, else wait or refuse. Not from inside
+            // a release hook, whose caller may hold the idle keys' FIFO: refused, as in a task.
+            let in_hook = crate::state::in_release_hook();
+            if !in_hook && crate::idle::release_one_idle(sh) {
                 continue;
             }
-            if mode == Mode::Try || local.is_some() {
+            if mode == Mode::Try || local.is_some() || in_hook {
                 return refuse(RejectReason::TooManyKeys);
             }
             if sh.gate().is_closed() || sh.lifecycle().is_shutdown() {

@@ -192,12 +192,15 @@ where
     /// as [`PendingTask`]s (run one to run its task here, drop it to resolve its handle
     /// [`Cancelled`](crate::TaskError::Cancelled)). The key's running task goes on, and later
     /// submissions are accepted as usual; a paused key stays paused. A started future that is
-    /// pending is the key's running task: it stays (and is polled once more, a spurious wake).
+    /// pending is the key's running task: it stays.
     ///
     /// A task that waits in the key's own queue (a backlog, behind a permit-gated or async task)
     /// is taken with the queue's baton, which the key's running task holds when it runs from
-    /// that queue: `cancel_key` then waits for that task to return (never for other keys'
-    /// tasks; from inside that very task it takes the queue at once).
+    /// that queue: `cancel_key` then waits for that task to return, or for a pending future to
+    /// complete (never for other keys' tasks; from inside that very task it takes the queue at
+    /// once). Called from inside another task of the serializer, it never waits for long: if
+    /// the key's queue stays held by another worker for about a millisecond, it takes nothing
+    /// and returns an empty `Vec`.
     ///
     /// ```
     /// use std::sync::mpsc;
@@ -234,8 +237,15 @@ where
         };
         let ks = entry.value();
         let on_owner = self.owns_chain_here(entry);
+        let on_worker = crate::worker::on_worker_of(sh.id());
         // SAFETY: `entry` is our table's, kept allocated by `guard`.
-        let held = unsafe { crate::key_control::hold_chain(sh, entry, on_owner) };
+        let held = unsafe { crate::key_control::hold_chain(sh, entry, on_owner, on_worker) };
+        if matches!(held, Held::Busy) {
+            // From a worker, behind another worker's hold of the key's queue: nothing taken.
+            ks.control.unhold();
+            crate::trace::control(sh.labeler(), "cancel_key", key, || hash, 0);
+            return Vec::new();
+        }
         let mut from_chain: Vec<TaskRef> = Vec::new();
         let mut from_lane: Vec<LaneTask> = Vec::new();
         let mut future_head = None;
@@ -256,16 +266,19 @@ where
                 }
             }
         };
+        let mut from_deferral: Vec<LaneTask> = Vec::new();
         let walked = crate::inspect::with_lane(sh, l, |lane| {
-            drain_chain(&mut from_chain, &mut future_head);
             // The key's `Eq` is user code: a panic stops the walk, and is raised below, once
             // the key is given back.
             user::catch(|| {
+                // The deferrals first: their runner routes items onto the chain under each
+                // deferral's lock, so once these are out, the chain gets nothing more of them.
                 lane.deferrals.visit_hash(
                     hash,
                     |item| item.key == *key,
-                    |item| from_lane.push(item.task),
+                    |item| from_deferral.push(item.task),
                 );
+                drain_chain(&mut from_chain, &mut future_head);
                 // SAFETY: `with_lane` made this thread the lane's owner; the closure takes
                 // tasks out in place and neither pops nor gives the lane up.
                 unsafe {
@@ -281,6 +294,9 @@ where
             // `shutdown_now` has the lanes (and hands back what they hold); the chain is ours.
             drain_chain(&mut from_chain, &mut future_head);
         }
+        // Handed back in the key's order: chain, deferral, lane.
+        from_deferral.append(&mut from_lane);
+        let from_lane = from_deferral;
         ks.seen.left(from_chain.len());
         // Give the chain back: a started future goes back to its head, polled again; a key
         // paused by the user parks; otherwise a worker releases the (empty) chain.
@@ -299,7 +315,7 @@ where
                     unsafe { crate::key_control::park_or_schedule(sh, ptr) };
                 }
             }
-            Held::Mine | Held::Retired => {}
+            Held::Mine | Held::Retired | Held::Busy => {}
         }
         if let Some(Err(payload)) = walked {
             // The key's `Eq` panicked in the walk: what was taken resolves `Cancelled` (as if

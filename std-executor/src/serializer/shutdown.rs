@@ -91,7 +91,10 @@ where
             .filter_map(|slot| NonNull::new(slot.current.load(Ordering::Relaxed) as *mut _))
             .collect();
         for e in stolen {
-            self.drain_into(e, &mut out);
+            // Its worker is still inside a task of the chain (perhaps holding the key's state):
+            // the queued tasks are handed back, but the entry and its state are left alone (freed
+            // with the table, after every worker is gone).
+            self.drain_queued_into(e, &mut out);
         }
         // What workers handed back of the chains they held (they do so before going idle,
         // which `stop` waited for).
@@ -163,6 +166,18 @@ where
             .collect()
     }
 
+    /// `drain_into` for a chain taken from a worker still inside one of its tasks: hands back
+    /// what is queued and leaves the chain, its entry and its state as they are.
+    fn drain_queued_into(&self, e: NonNull<KeyEntry<K>>, out: &mut Vec<PendingTask<K>>) {
+        // SAFETY: `phase.stop` gave us the chain's baton (`Stopped::Stole`), and the entry is
+        // not freed while the worker runs: nobody retires it (we do not, below).
+        let entry = unsafe { e.as_ref() };
+        let mut tasks = Vec::new();
+        // SAFETY: as above.
+        unsafe { drain_chain(entry, &mut tasks) };
+        self.hand_back_drained(entry, tasks, out);
+    }
+
     fn drain_into(&self, e: NonNull<KeyEntry<K>>, out: &mut Vec<PendingTask<K>>) {
         // SAFETY: the caller took the chain's baton (stolen from a worker, a permit wait or a
         // ready queue), so the entry is alive and the chain is ours.
@@ -170,6 +185,18 @@ where
         let mut tasks = Vec::new();
         // SAFETY: as above.
         unsafe { drain_chain(entry, &mut tasks) };
+        self.hand_back_drained(entry, tasks, out);
+        // SAFETY: as above: we own the drained chain, and it is an entry of our table.
+        unsafe { crate::idle::release_drained(&self.shared, e) };
+    }
+
+    /// The tasks drained from `entry`'s chain, handed back (a started future is cancelled).
+    fn hand_back_drained(
+        &self,
+        entry: &KeyEntry<K>,
+        tasks: Vec<TaskRef>,
+        out: &mut Vec<PendingTask<K>>,
+    ) {
         for t in tasks {
             let Some(t) = self.unless_started_future(t) else {
                 continue;
@@ -185,8 +212,6 @@ where
                 }
             }
         }
-        // SAFETY: as above: we own the drained chain, and it is an entry of our table.
-        unsafe { crate::idle::release_drained(&self.shared, e) };
     }
 
     /// `shutdown_now`, for a task drained from a chain: a started future (pending, its chain

@@ -328,9 +328,10 @@ where
 /// The caller owns the entry's chain.
 pub(crate) unsafe fn drain_chain<K>(entry: &KeyEntry<K>, out: &mut Vec<TaskRef>) {
     let ks = entry.value();
-    // Every caller runs after `shutdown_now` closed the gate, waited for the submissions inside
-    // it and stopped every worker (the routers that push onto chains), so no push is half done
-    // and `None` means the chain is empty.
+    // `None` means the chain is empty, or that a push is half done (core `chain`, "The pop"):
+    // after `shutdown_now` stopped every worker (the routers that push onto chains) no push is
+    // left half done; `cancel_key` and a graceful shutdown's `cancel_paused` may leave such a
+    // task on the chain, which then runs or is taken later, in order.
     // SAFETY: per the contract; popped nodes are ours.
     while let Some(n) = unsafe { ks.chain.pop() } {
         // SAFETY: we own the chain and just popped `n`.

@@ -216,15 +216,23 @@ where
             id: self.shared.id(),
             key: &self.slot.direct_hash,
             phase: &*self.slot.phase,
-            // SAFETY: only the lifetime is erased; `HERE` is cleared below, before `stopped`
-            // (on this stack frame) goes.
+            // SAFETY: only the lifetime is erased; `HERE` is cleared below (by `ClearHere`, also
+            // on unwind), before `stopped` (on this stack frame) goes.
             stopped: unsafe {
                 std::mem::transmute::<&dyn Fn() -> bool, &'static dyn Fn() -> bool>(stopped)
             },
         };
         HERE.with(|h| h.set(Some(here)));
+        /// Clears `HERE` when the loop returns or unwinds.
+        struct ClearHere;
+        impl Drop for ClearHere {
+            fn drop(&mut self) {
+                HERE.with(|h| h.set(None));
+            }
+        }
+        let clear = ClearHere;
         self.main_loop();
-        HERE.with(|h| h.set(None));
+        drop(clear);
         CURRENT.with(|c| c.set((0, 0, std::ptr::null())));
         self.exit();
     }
