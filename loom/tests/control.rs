@@ -377,3 +377,47 @@ fn cancel_key_racing_a_push_and_a_resume_of_a_paused_key() {
         m.assert_settled();
     });
 }
+
+#[test]
+fn a_release_with_key_state_never_retires_a_key_behind_a_pausers_back() {
+    // The idle release of a key with state (`idle.rs`, `reap_with_state`): claim the idle
+    // chain, release the state (here: nothing to model), then retire from owned under the
+    // control lock unless paused (`Control::retire_unless_paused`), else park the chain.
+    loom::model(|| {
+        let m = Arc::new(Model::default());
+        let p = m.clone();
+        let pauser = thread::spawn(move || p.pause());
+        let mut retired = false;
+        if m.chain.try_claim() {
+            m.hold();
+            // SAFETY (inside the closure): we own the chain (claimed above).
+            match m
+                .control
+                .retire_unless_paused(|| unsafe { m.chain.try_retire_owned() })
+            {
+                Some(true) => {
+                    m.unhold();
+                    retired = true;
+                }
+                Some(false) => m.drain(),
+                None => {
+                    if !m.park() {
+                        m.drain();
+                    }
+                }
+            }
+        }
+        let paused = pauser.join().unwrap();
+        if retired {
+            assert_eq!(
+                paused,
+                Paused::SawRetired,
+                "a pause was lost with a retired key"
+            );
+        } else {
+            assert_eq!(m.waits.len(), 1, "the paused key's chain is parked");
+            m.resume();
+            m.assert_settled();
+        }
+    });
+}
