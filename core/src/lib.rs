@@ -67,3 +67,8 @@ pub mod ready;
 pub mod recycle;
 #[cfg(feature = "alloc")]
 pub mod table;
+
+/// The package README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctest;
