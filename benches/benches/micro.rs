@@ -174,11 +174,11 @@ fn task_box(c: &mut Criterion) {
 /// - `table_insert_retire/keyserial`: a key's whole life: insert, retire, unlink, batched free.
 /// - `table_retire_backlog/keyserial_search`, `.../keyserial_home`: the same with 262,144 keys
 ///   between a key's insert and its retirement (a W3 backlog), unlinked by search or from home.
-/// - `handoff/keyserial_bounded`, `handoff/keyserial_unbounded`: the core's ready queues.
+/// - `handoff/keyserial_bounded`: the core's bounded ready queue.
 /// - `semaphore/keyserial`: `keyserial::Semaphore` acquire + release of one permit, uncontended.
 fn core_paths(c: &mut Criterion) {
     use keyserial_core::chain::{BoxNode, Chain};
-    use keyserial_core::ready::{BoundedQueue, UnboundedQueue};
+    use keyserial_core::ready::BoundedQueue;
     use keyserial_core::table::Table;
     use std::collections::hash_map::RandomState;
 
@@ -313,13 +313,6 @@ fn core_paths(c: &mut Criterion) {
         b.iter(|| {
             bounded.push(black_box(1)).unwrap();
             black_box(bounded.pop().unwrap())
-        })
-    });
-    let unbounded: UnboundedQueue<u64> = UnboundedQueue::new();
-    g.bench_function("keyserial_unbounded", |b| {
-        b.iter(|| {
-            unbounded.push(black_box(1));
-            black_box(unbounded.pop().unwrap())
         })
     });
     g.finish();

@@ -29,8 +29,8 @@
 //! - **Givers push** (the popper, a block it emptied; a pusher, one it allocated for an install it
 //!   lost): write the block's `next` (the stack below), then CAS the top to it (Release).
 //! - `spare_count` (raised before a give's CAS, lowered after a take's) keeps the stack near
-//!   [`SPARES`]: past it, a losing pusher frees its block and the popper puts its own on its excess
-//!   list.
+//!   `SPARES` (64 blocks): past it, a losing pusher frees its block and the popper puts its own on
+//!   its excess list.
 //! - **Only the installer takes**, one at a time: the pusher whose CAS took a block's last slot
 //!   pops the stack *after* its CAS (read the top, Acquire; its `next`; CAS the top to that,
 //!   Acquire), and each lap's install happens before the position enters the lap (Release/Acquire),
@@ -43,7 +43,7 @@
 //! empties while the spares are full, and is freed when a pop finds the FIFO empty: a backlog's
 //! blocks go back at once, after it, not one per [`BLOCK`] items during the drain, which keeps
 //! glibc's sweep of freed boxed tasks off the drain (measured: run AA, in BENCHMARKS.md's history).
-//! After each block it gives up, the popper refills the spares from the list to [`SPARES`], for a
+//! After each block it gives up, the popper refills the spares from the list to `SPARES`, for a
 //! backlog that grows again. The popper never allocates: only a pusher whose spares ran out does
 //! (its backlog outgrew the FIFO's blocks or outran the refills), in its own arena, where it reuses
 //! the memory of tasks already run rather than a worker's fresh page (measured: BENCHMARKS.md, runs
@@ -52,13 +52,13 @@
 //! The list's bound is the backlog's peak: giving up a block with the spares full, the popper reads
 //! the tail (on the line it just read the count from) and keeps in `peak` (its own; reset when a
 //! pop finds the FIFO empty) the most blocks it has seen in the backlog, this one included. The
-//! list holds at most that many, or [`EXCESS`] if more; a block past that is freed. So draining a
-//! backlog pushed while the list was empty frees nothing however long it runs (it needs no more
-//! than the backlog's blocks when the spares filled), and the list stays within the largest backlog
-//! since the FIFO was last found empty. But a new burst may allocate beside the list: installers
+//! list holds at most that many, or `EXCESS` (1024 blocks) if more; a block past that is freed. So
+//! draining a backlog pushed while the list was empty frees nothing however long it runs (it needs
+//! no more than the backlog's blocks when the spares filled), and the list stays within the largest
+//! backlog since the FIFO was last found empty. But a new burst may allocate beside the list: installers
 //! take only from the spares, refilled one given-up block at a time, so a burst that outruns the
-//! popper by more than [`SPARES`] blocks allocates, and the next drain, past the bound, frees block
-//! by block. A FIFO so holds its blocks in use, at most [`SPARES`] spares and `max(EXCESS, peak)`
+//! popper by more than `SPARES` blocks allocates, and the next drain, past the bound, frees block
+//! by block. A FIFO so holds its blocks in use, at most `SPARES` spares and `max(EXCESS, peak)`
 //! excess blocks until a pop finds it empty; one never found empty keeps its largest backlog's
 //! blocks, as a growable array its capacity.
 //!
@@ -147,8 +147,18 @@ use crossbeam_utils::{Backoff, CachePadded};
 use crate::prefetch::{prefetch, prefetch_write};
 use crate::sync::{set_exclusive, AtomicPtr, AtomicUsize, Ordering, UnsafeCell};
 
-/// Slots per block. A lane's 40-byte item and its tag make 48-byte slots, so a block is about
-/// 3 KiB.
+/// Slots per block: a [`Fifo`] allocates, keeps and frees its memory in blocks of this many
+/// items (a slot is one `T` and one tag word), so this is the unit of its memory use. A lane's
+/// 40-byte item and its tag make 48-byte slots, so a block is about 3 KiB.
+///
+/// ```
+/// use keyserial_core::fifo::{Fifo, BLOCK};
+/// let q = Fifo::new();
+/// // A backlog of three blocks' worth of items, popped in push order across the blocks.
+/// (0..3 * BLOCK).for_each(|i| q.push(i));
+/// // SAFETY: this thread is the only popper.
+/// assert!((0..3 * BLOCK).all(|i| unsafe { q.pop() } == Some(i)));
+/// ```
 #[cfg(not(any(loom, miri)))]
 pub const BLOCK: usize = 63;
 /// Slots per block (few under Miri, so that its tests cross many blocks, and refill the spares,
@@ -161,25 +171,25 @@ pub const BLOCK: usize = 2;
 
 /// At most this many spare blocks are kept (see "Spare blocks"): 192 KiB of 48-byte slots.
 #[cfg(not(any(loom, miri)))]
-pub const SPARES: usize = 64;
+const SPARES: usize = 64;
 /// At most this many spare blocks are kept (few under Miri, as [`BLOCK`]).
 #[cfg(all(miri, not(loom)))]
-pub const SPARES: usize = 4;
+const SPARES: usize = 4;
 /// At most this many spare blocks are kept (two under loom, so that the models fill the stack).
 #[cfg(loom)]
-pub const SPARES: usize = 2;
+const SPARES: usize = 2;
 
 /// The popper's excess list may always hold this many blocks, and more only up to the
 /// backlog's peak (see "Spare blocks"): 3 MiB of 48-byte slots.
 #[cfg(not(any(loom, miri)))]
-pub const EXCESS: usize = 1024;
+const EXCESS: usize = 1024;
 /// The popper's excess list may always hold this many blocks (few under Miri, as [`BLOCK`]).
 #[cfg(all(miri, not(loom)))]
-pub const EXCESS: usize = 4;
+const EXCESS: usize = 4;
 /// The popper's excess list may always hold this many blocks (under loom: one, so that a model
 /// reaches the bound).
 #[cfg(loom)]
-pub const EXCESS: usize = 1;
+const EXCESS: usize = 1;
 
 /// Positions per block: the slots and the gap.
 const LAP: usize = BLOCK + 1;
@@ -553,7 +563,19 @@ impl<T> Fifo<T> {
         self.tail.end.index.fetch_or(CLOSED, Ordering::SeqCst);
     }
 
-    /// Whether [`close`](Self::close) was called (a snapshot).
+    /// Whether [`close`](Self::close) was called (a snapshot; once `true`, it stays `true`).
+    ///
+    /// ```
+    /// let q = keyserial_core::fifo::Fifo::new();
+    /// q.push(1);
+    /// assert!(!q.is_closed());
+    /// q.close();
+    /// assert!(q.is_closed());
+    /// // Closing refuses pushes only: what was queued still pops.
+    /// // SAFETY: this thread is the only popper.
+    /// assert_eq!(unsafe { q.pop() }, Some(1));
+    /// assert!(q.is_closed());
+    /// ```
     pub fn is_closed(&self) -> bool {
         self.tail.end.index.load(Ordering::SeqCst) & CLOSED != 0
     }

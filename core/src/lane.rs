@@ -75,8 +75,8 @@
 //! Every operation is one atomic instruction or a CAS that fails only because another worker made
 //! progress; no operation waits for another worker. `current` carries a key *hash*: two keys
 //! with the same hash are deferred together (ordered, never concurrent, only one waits longer).
-//! Owner ids have [`OWNER_BITS`] bits. `seq` has the rest: 48 bits on 64-bit targets; on 32-bit
-//! targets 20, so a thief stalled between its snapshot and its CAS while one owner ran exactly a
+//! Owner ids have 14 bits on 64-bit targets and 10 on 32-bit ones (ids `0..=`[`MAX_WORKER`]).
+//! `seq` has the rest: 48 bits on 64-bit targets; on 32-bit targets 20, so a thief stalled between its snapshot and its CAS while one owner ran exactly a
 //! multiple of 2^20 tasks of one lane would steal from the wrong task; executors there should
 //! re-check the snapshot right before the CAS (which `try_steal` does not do for them).
 //!
@@ -88,8 +88,19 @@ use core::ptr::{self, NonNull};
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
 
 /// Bits of the state word that hold the owner's worker id.
-pub const OWNER_BITS: u32 = if usize::BITS >= 64 { 14 } else { 10 };
-/// Largest worker id a lane can record.
+const OWNER_BITS: u32 = if usize::BITS >= 64 { 14 } else { 10 };
+/// The largest worker id a lane can record: an executor numbers its workers `0..=MAX_WORKER`
+/// (16383 on 64-bit targets, 1023 on 32-bit ones), and the methods that take a worker id `me`
+/// panic above it. An id no worker uses (`MAX_WORKER` itself, say) can mark a lane taken for
+/// good, as keyserial's shutdown does.
+///
+/// ```
+/// use keyserial_core::lane::{Lane, MAX_WORKER};
+/// let lane = Lane::new();
+/// assert!(lane.try_acquire(MAX_WORKER));
+/// // Nobody else takes the lane until its owner releases it.
+/// assert!(!lane.try_acquire(0));
+/// ```
 pub const MAX_WORKER: usize = (1 << OWNER_BITS) - 1;
 
 const PHASE_MASK: usize = 0b11;
@@ -109,6 +120,20 @@ const fn seq_of(s: usize) -> usize {
 }
 
 /// What a lane's word says right now (a snapshot; see [`Lane::phase`]).
+///
+/// ```
+/// use keyserial_core::lane::{Ended, Lane, Mailbox, Phase};
+/// let lane = Lane::new();
+/// let mine: Mailbox<()> = Mailbox::new();
+/// assert_eq!(lane.phase(), Phase::Free);
+/// assert!(lane.try_acquire(0));
+/// assert_eq!(lane.phase(), Phase::Owned);
+/// let run = lane.begin(0, 5);
+/// assert_eq!(lane.phase(), Phase::Running);
+/// assert!(matches!(lane.end(run, &mine), Ended::Kept));
+/// lane.release(0);
+/// assert_eq!(lane.phase(), Phase::Free);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     /// Nobody pops the lane: [`Lane::try_acquire`] may take it.
@@ -145,13 +170,35 @@ impl Default for Lane {
 }
 
 /// The owner's proof that it called [`Lane::begin`]; [`Lane::end`] consumes it.
+///
+/// It is not `Clone`, so each `begin` is ended exactly once.
+///
+/// ```
+/// use keyserial_core::lane::{Ended, Lane, Mailbox};
+/// let lane = Lane::new();
+/// let mine: Mailbox<()> = Mailbox::new();
+/// assert!(lane.try_acquire(3));
+/// let run = lane.begin(3, 9);
+/// assert!(matches!(lane.end(run, &mine), Ended::Kept));
+/// ```
 #[must_use = "a running lane must be ended"]
 #[derive(Debug)]
 pub struct Running {
     state: usize,
 }
 
-/// A snapshot of a lane whose owner was inside a task, from [`Lane::watch`].
+/// A snapshot of a lane whose owner was inside a task, from [`Lane::watch`]: what a thief checks
+/// again ([`Lane::is_still`]) and hands to [`Lane::try_steal`].
+///
+/// ```
+/// use keyserial_core::lane::Lane;
+/// let lane = Lane::new();
+/// assert!(lane.try_acquire(0));
+/// assert!(lane.watch().is_none()); // owned, but not inside a task
+/// let _run = lane.begin(0, 11);
+/// let w = lane.watch().unwrap();
+/// assert_eq!((w.owner(), w.key_hash()), (0, 11));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Watch {
     state: usize,
@@ -160,12 +207,28 @@ pub struct Watch {
 
 impl Watch {
     /// The worker that was inside the task (whose [`Mailbox`] a steal offers to).
+    ///
+    /// ```
+    /// use keyserial_core::lane::Lane;
+    /// let lane = Lane::new();
+    /// assert!(lane.try_acquire(2));
+    /// let _run = lane.begin(2, 0);
+    /// assert_eq!(lane.watch().unwrap().owner(), 2);
+    /// ```
     #[inline]
     pub fn owner(&self) -> usize {
         owner_of(self.state)
     }
 
     /// The key hash of the task it was inside: the key a steal must defer.
+    ///
+    /// ```
+    /// use keyserial_core::lane::Lane;
+    /// let lane = Lane::new();
+    /// assert!(lane.try_acquire(0));
+    /// let _run = lane.begin(0, 0xfeed);
+    /// assert_eq!(lane.watch().unwrap().key_hash(), 0xfeed);
+    /// ```
     #[inline]
     pub fn key_hash(&self) -> usize {
         self.key_hash
@@ -173,6 +236,23 @@ impl Watch {
 }
 
 /// How [`Lane::end`] found the lane.
+///
+/// ```
+/// use core::ptr::NonNull;
+/// use keyserial_core::lane::{Ended, Lane, Mailbox};
+/// let lane = Lane::new();
+/// let (box0, mut deferral) = (Mailbox::new(), 0u8);
+/// assert!(lane.try_acquire(0));
+/// let run = lane.begin(0, 1);
+/// // Nobody stole: the owner keeps the lane.
+/// assert!(matches!(lane.end(run, &box0), Ended::Kept));
+/// let run = lane.begin(0, 1);
+/// let w = lane.watch().unwrap();
+/// assert!(lane.try_steal(1, &w, &box0, NonNull::from(&mut deferral)).is_ok());
+/// // Worker 1 stole it: worker 0 gets the deferral and no longer owns the lane.
+/// assert!(matches!(lane.end(run, &box0), Ended::Stolen(_)));
+/// assert!(box0.is_empty());
+/// ```
 #[derive(Debug)]
 pub enum Ended<T> {
     /// Still this worker's (`OWNED`): pop on.
@@ -183,7 +263,13 @@ pub enum Ended<T> {
 }
 
 impl Lane {
-    /// A free lane.
+    /// A free lane (`const`, so lanes can live in a `static`).
+    ///
+    /// ```
+    /// use keyserial_core::lane::{Lane, Phase};
+    /// static LANES: [Lane; 2] = [Lane::new(), Lane::new()];
+    /// assert!(LANES.iter().all(|l| l.phase() == Phase::Free));
+    /// ```
     #[cfg(not(loom))]
     pub const fn new() -> Self {
         Lane {
@@ -202,6 +288,16 @@ impl Lane {
     }
 
     /// The phase right now (Relaxed: for choosing which lane to try, never as a proof).
+    ///
+    /// ```
+    /// use keyserial_core::lane::{Lane, Phase};
+    /// let lanes = [Lane::new(), Lane::new()];
+    /// assert!(lanes[0].try_acquire(0));
+    /// // An idle worker picks a lane nobody pops, then tries to take it.
+    /// let free = lanes.iter().position(|l| l.phase() == Phase::Free).unwrap();
+    /// assert_eq!(free, 1);
+    /// assert!(lanes[free].try_acquire(1));
+    /// ```
     #[inline]
     pub fn phase(&self) -> Phase {
         match self.state.load(Ordering::Relaxed) & PHASE_MASK {
@@ -214,6 +310,18 @@ impl Lane {
     /// The phase right now, read `SeqCst`: for a submitter's check after its push, which pairs
     /// with an owner's [`release`](Self::release) without a fence on the submitter's side (see
     /// `release`).
+    ///
+    /// ```
+    /// use keyserial_core::fifo::Fifo;
+    /// use keyserial_core::lane::{Lane, Phase};
+    /// let (lane, queue) = (Lane::new(), Fifo::new());
+    /// // A submitter pushes, then finds nobody serving the lane: it must get a worker to take it.
+    /// queue.push("task");
+    /// if lane.phase_after_push() == Phase::Free {
+    ///     assert!(lane.try_acquire(0)); // (or wake a worker that does)
+    /// }
+    /// assert_eq!(lane.phase(), Phase::Owned);
+    /// ```
     #[inline]
     pub fn phase_after_push(&self) -> Phase {
         match self.state.load(Ordering::SeqCst) & PHASE_MASK {
@@ -227,6 +335,19 @@ impl Lane {
     ///
     /// On success everything the previous owner did before its [`release`](Self::release)
     /// happens before what `me` does next.
+    ///
+    /// # Panics
+    ///
+    /// If `me` is above [`MAX_WORKER`].
+    ///
+    /// ```
+    /// use keyserial_core::lane::Lane;
+    /// let lane = Lane::new();
+    /// assert!(lane.try_acquire(0));
+    /// assert!(!lane.try_acquire(1)); // worker 0 owns it
+    /// lane.release(0);
+    /// assert!(lane.try_acquire(1));
+    /// ```
     #[inline]
     pub fn try_acquire(&self, me: usize) -> bool {
         assert!(me <= MAX_WORKER, "worker id out of range");
@@ -252,6 +373,20 @@ impl Lane {
     /// whose push ends in a `SeqCst` RMW (core's `Fifo`) may instead skip its fence and read the
     /// phase `SeqCst` ([`phase_after_push`](Self::phase_after_push)): the owner's fence is then
     /// ordered against both of the pusher's accesses in the single `SeqCst` order.
+    ///
+    /// ```
+    /// use core::sync::atomic::{fence, Ordering};
+    /// use keyserial_core::fifo::Fifo;
+    /// use keyserial_core::lane::Lane;
+    /// let (lane, queue) = (Lane::new(), Fifo::<u32>::new());
+    /// assert!(lane.try_acquire(0));
+    /// // The owner found its FIFO empty: it lets the lane go, then looks once more.
+    /// lane.release(0);
+    /// fence(Ordering::SeqCst);
+    /// if !queue.is_empty() && lane.try_acquire(0) {
+    ///     // a push raced with the release: serve it
+    /// }
+    /// ```
     #[inline]
     pub fn release(&self, me: usize) {
         let s = self.state.load(Ordering::Relaxed);
@@ -266,6 +401,17 @@ impl Lane {
 
     /// The owner `me` is about to run a task whose key hashes to `key_hash`: from now until
     /// [`end`](Self::end), an idle worker may take the lane.
+    ///
+    /// `me` must be the owner (checked in debug builds).
+    ///
+    /// ```
+    /// use keyserial_core::lane::{Lane, Phase};
+    /// let lane = Lane::new();
+    /// assert!(lane.try_acquire(0));
+    /// let run = lane.begin(0, 77);
+    /// assert_eq!(lane.phase(), Phase::Running);
+    /// # let _ = lane.end(run, &keyserial_core::lane::Mailbox::<()>::new());
+    /// ```
     #[inline]
     pub fn begin(&self, me: usize, key_hash: usize) -> Running {
         let s = self.state.load(Ordering::Relaxed);
@@ -283,6 +429,19 @@ impl Lane {
 
     /// The owner's task returned: keeps the lane, or learns that it was stolen and collects, from
     /// `mine` (this worker's mailbox), the deferral the thief offered.
+    ///
+    /// On [`Ended::Stolen`] the lane belongs to the thief: the old owner runs the deferred tasks
+    /// of its key and must not pop the lane again until it takes it anew.
+    ///
+    /// ```
+    /// use keyserial_core::lane::{Ended, Lane, Mailbox, Phase};
+    /// let (lane, mine) = (Lane::new(), Mailbox::<()>::new());
+    /// assert!(lane.try_acquire(0));
+    /// let run = lane.begin(0, 4);
+    /// // ... the task runs ...
+    /// assert!(matches!(lane.end(run, &mine), Ended::Kept));
+    /// assert_eq!(lane.phase(), Phase::Owned); // pop on
+    /// ```
     #[inline]
     pub fn end<T>(&self, run: Running, mine: &Mailbox<T>) -> Ended<T> {
         let owned = pack(seq_of(run.state) + 1, owner_of(run.state), OWNED);
@@ -302,6 +461,15 @@ impl Lane {
     }
 
     /// A snapshot of the lane if its owner is inside a task, with that task's key hash.
+    ///
+    /// ```
+    /// use keyserial_core::lane::Lane;
+    /// let lane = Lane::new();
+    /// assert_eq!(lane.watch(), None); // free
+    /// assert!(lane.try_acquire(0));
+    /// let _run = lane.begin(0, 21);
+    /// assert_eq!(lane.watch().map(|w| w.key_hash()), Some(21));
+    /// ```
     #[inline]
     pub fn watch(&self) -> Option<Watch> {
         // Acquire: pairs with `begin`'s Release, so `current` below is the value written for
@@ -313,7 +481,20 @@ impl Lane {
         })
     }
 
-    /// Whether the lane is still exactly as `w` saw it (the same task still running).
+    /// Whether the lane is still exactly as `w` saw it (the same task still running): a thief
+    /// watches, waits a while, and steals only from an owner still inside that one task.
+    ///
+    /// ```
+    /// use keyserial_core::lane::{Lane, Mailbox};
+    /// let (lane, mine) = (Lane::new(), Mailbox::<()>::new());
+    /// assert!(lane.try_acquire(0));
+    /// let run = lane.begin(0, 1);
+    /// let w = lane.watch().unwrap();
+    /// assert!(lane.is_still(&w));
+    /// let _ = lane.end(run, &mine);
+    /// let _run = lane.begin(0, 1); // the next task, even of the same key
+    /// assert!(!lane.is_still(&w));
+    /// ```
     #[inline]
     pub fn is_still(&self, w: &Watch) -> bool {
         self.state.load(Ordering::Relaxed) == w.state
@@ -326,6 +507,28 @@ impl Lane {
     /// returns, and `me` must route every task of `w.key_hash()` to it until the old owner is
     /// done with it. `Err(deferral)`: nothing changed (the task ended, or another thief is
     /// stealing from the same owner); the deferral is the caller's again.
+    ///
+    /// # Panics
+    ///
+    /// If `me` is above [`MAX_WORKER`].
+    ///
+    /// ```
+    /// use core::ptr::NonNull;
+    /// use keyserial_core::lane::{Lane, Mailbox, Phase};
+    /// let (lane, owners_box) = (Lane::new(), Mailbox::new());
+    /// let mut deferral = [0u64; 2]; // the executor's per-key queue, say
+    /// assert!(lane.try_acquire(0));
+    /// let run = lane.begin(0, 8);
+    /// let w = lane.watch().unwrap();
+    /// let _ = lane.end(run, &owners_box); // the task returned first:
+    /// let p = NonNull::from(&mut deferral);
+    /// assert_eq!(lane.try_steal(1, &w, &owners_box, p), Err(p)); // a stale watch fails
+    /// let _run = lane.begin(0, 8);
+    /// let w = lane.watch().unwrap();
+    /// assert_eq!(lane.try_steal(1, &w, &owners_box, p), Ok(()));
+    /// assert_eq!(lane.phase(), Phase::Owned); // by worker 1 now
+    /// assert!(!owners_box.is_empty()); // the deferral waits for worker 0
+    /// ```
     #[inline]
     pub fn try_steal<T>(
         &self,
@@ -392,7 +595,13 @@ impl<T> Default for Mailbox<T> {
 }
 
 impl<T> Mailbox<T> {
-    /// An empty mailbox.
+    /// An empty mailbox (`const`, so one per worker can live in a `static`).
+    ///
+    /// ```
+    /// use keyserial_core::lane::Mailbox;
+    /// static BOXES: [Mailbox<u8>; 2] = [Mailbox::new(), Mailbox::new()];
+    /// assert!(BOXES.iter().all(Mailbox::is_empty));
+    /// ```
     #[cfg(not(loom))]
     pub const fn new() -> Self {
         Mailbox {
@@ -442,7 +651,22 @@ impl<T> Mailbox<T> {
         NonNull::new(self.slot.swap(ptr::null_mut(), Ordering::Acquire))
     }
 
-    /// Whether the mailbox holds an offer (for assertions and tests).
+    /// Whether the mailbox is empty, that is holds no thief's offer (a snapshot, for assertions
+    /// and tests).
+    ///
+    /// ```
+    /// use core::ptr::NonNull;
+    /// use keyserial_core::lane::{Ended, Lane, Mailbox};
+    /// let (lane, owners_box) = (Lane::new(), Mailbox::new());
+    /// let mut deferral = 0u32;
+    /// assert!(lane.try_acquire(0));
+    /// let run = lane.begin(0, 3);
+    /// let w = lane.watch().unwrap();
+    /// assert!(lane.try_steal(1, &w, &owners_box, NonNull::from(&mut deferral)).is_ok());
+    /// assert!(!owners_box.is_empty());
+    /// assert!(matches!(lane.end(run, &owners_box), Ended::Stolen(_)));
+    /// assert!(owners_box.is_empty()); // collected
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.slot.load(Ordering::Relaxed).is_null()
     }

@@ -14,7 +14,7 @@
 //! | [`permits`] | the permit counter behind keyserial's fair semaphore | keyserial's `Semaphore` |
 //! | [`fixed`] | [`fixed::FixedSerializer`]: a complete serializer without an allocator (fixed key table, task pool, and its own ready ring) | firmware without an allocator (the repository's `core/firmware` example); not keyserial |
 //! | [`pool`] | fixed-capacity node storage with generation counters, for builds without an allocator | [`fixed`] (its task storage); chains over pool nodes in a no-alloc executor of your own |
-//! | [`ready`] | two plain MPMC queues of any `T`: [`ready::BoundedQueue`] (fixed capacity, no allocator, `const` constructor) and `UnboundedQueue` (`alloc`) | `BoundedQueue`: [`recycle`]'s depot, and a building block for no-alloc executors ([`fixed`] has its own ready ring instead). `UnboundedQueue`: nothing in keyserial or in this crate; only the repository's micro-benchmarks. keyserial's `Serializer` uses neither: its ready work waits in lanes ([`fifo`], [`lane`]) |
+//! | [`ready`] | [`ready::BoundedQueue`]: a plain MPMC queue of any `T` (fixed capacity, no allocator, `const` constructor) | [`recycle`]'s depot, and a building block for no-alloc executors ([`fixed`] has its own ready ring instead). keyserial's `Serializer` does not use it: its ready work waits in lanes ([`fifo`], [`lane`]) |
 //!
 //! ## Who this crate is for
 //!
@@ -37,7 +37,7 @@
 //!
 //! ## Features
 //! - `alloc` (default): heap-allocated chains ([`chain::BoxNode`]), a lane's [`fifo`], the key
-//!   [`table`], the [`recycle`] caches, the unbounded ready queue.
+//!   [`table`], the [`recycle`] caches.
 //! - `critical-section`: forwards to `portable-atomic/critical-section` for targets without
 //!   compare-and-swap (`thumbv6m-none-eabi`, `riscv32imc-unknown-none-elf`); the final binary
 //!   supplies the critical-section implementation.
@@ -67,3 +67,8 @@ pub mod ready;
 pub mod recycle;
 #[cfg(feature = "alloc")]
 pub mod table;
+
+/// The package README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctest;

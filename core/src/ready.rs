@@ -1,18 +1,15 @@
-//! Ready queues: where chains that became active can wait for a worker, in an executor that keeps
-//! them on a shared queue.
+//! A ready queue: where chains that became active can wait for a worker, in an executor that
+//! keeps them on a shared queue.
 //!
-//! **A building block for executors of your own**: keyserial's `Serializer` does not use these
-//! queues (its ready work waits in lanes, [`crate::fifo`] and [`crate::lane`]), and the
+//! **A building block for executors of your own**: keyserial's `Serializer` does not use it
+//! (its ready work waits in lanes, [`crate::fifo`] and [`crate::lane`]), and the
 //! no-allocator [`FixedSerializer`](crate::fixed::FixedSerializer) has its own ready ring
-//! (`fixed/ready.rs`). Both queues are plain, safe MPMC queues of any `T`, usable on their own.
-//!
-//! - [`BoundedQueue`]: a fixed-capacity MPMC queue that needs no allocator (a `const` constructor,
-//!   so it can live in a `static`). Works on every target the crate supports. Used by
-//!   [`crate::recycle`]'s depot (the `alloc` build, and through it keyserial's key table), and
-//!   meant for executors without an allocator.
-//! - [`UnboundedQueue`] (`alloc`): an unbounded MPMC queue (crossbeam-queue's segmented queue).
-//!   Nothing in keyserial or in this crate uses it; the repository's micro-benchmarks
-//!   (`benches/benches/micro.rs`, `handoff/keyserial_unbounded`) measure it.
+//! (`fixed/ready.rs`). [`BoundedQueue`] is a plain, safe MPMC queue of any `T`, usable on its own:
+//! a fixed-capacity queue that needs no allocator (a `const` constructor, so it can live in a
+//! `static`), on every target the crate supports. It is used by [`crate::recycle`]'s depot (the
+//! `alloc` build, and through it keyserial's key table), and meant for executors without an
+//! allocator. (An executor with an allocator that wants an unbounded ready queue can use
+//! crossbeam-queue's `SegQueue` directly.)
 //!
 //! # `BoundedQueue` protocol
 //!
@@ -272,89 +269,6 @@ impl<T, const N: usize> fmt::Debug for BoundedQueue<T, N> {
     }
 }
 
-#[cfg(feature = "alloc")]
-pub use unbounded::UnboundedQueue;
-
-#[cfg(feature = "alloc")]
-mod unbounded {
-    use core::fmt;
-
-    /// An unbounded MPMC queue (`alloc` feature): crossbeam-queue's `SegQueue`, which allocates
-    /// in segments of 32 slots and is lock-free for push and pop.
-    ///
-    /// ```
-    /// let q = keyserial_core::ready::UnboundedQueue::new();
-    /// q.push(1);
-    /// q.push(2);
-    /// assert_eq!(q.pop(), Some(1));
-    /// assert_eq!(q.len(), 1);
-    /// ```
-    pub struct UnboundedQueue<T>(crossbeam_queue::SegQueue<T>);
-
-    impl<T> UnboundedQueue<T> {
-        /// An empty queue.
-        ///
-        /// ```
-        /// assert!(keyserial_core::ready::UnboundedQueue::<u8>::new().is_empty());
-        /// ```
-        pub const fn new() -> Self {
-            UnboundedQueue(crossbeam_queue::SegQueue::new())
-        }
-
-        /// Appends a value.
-        ///
-        /// ```
-        /// let q = keyserial_core::ready::UnboundedQueue::new();
-        /// q.push("x");
-        /// assert_eq!(q.pop(), Some("x"));
-        /// ```
-        pub fn push(&self, value: T) {
-            self.0.push(value)
-        }
-
-        /// Takes the oldest value, if any.
-        ///
-        /// ```
-        /// assert_eq!(keyserial_core::ready::UnboundedQueue::<u8>::new().pop(), None);
-        /// ```
-        pub fn pop(&self) -> Option<T> {
-            self.0.pop()
-        }
-
-        /// The number of queued values (a snapshot).
-        ///
-        /// ```
-        /// assert_eq!(keyserial_core::ready::UnboundedQueue::<u8>::new().len(), 0);
-        /// ```
-        pub fn len(&self) -> usize {
-            self.0.len()
-        }
-
-        /// `true` if nothing is queued (a snapshot).
-        ///
-        /// ```
-        /// assert!(keyserial_core::ready::UnboundedQueue::<u8>::new().is_empty());
-        /// ```
-        pub fn is_empty(&self) -> bool {
-            self.0.is_empty()
-        }
-    }
-
-    impl<T> Default for UnboundedQueue<T> {
-        fn default() -> Self {
-            Self::new()
-        }
-    }
-
-    impl<T> fmt::Debug for UnboundedQueue<T> {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.debug_struct("UnboundedQueue")
-                .field("len", &self.len())
-                .finish()
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,19 +350,5 @@ mod tests {
             .collect();
         all.sort_unstable();
         assert_eq!(all, (0..2 * PER).collect::<Vec<_>>());
-    }
-
-    #[cfg(feature = "alloc")]
-    #[test]
-    fn unbounded_is_fifo() {
-        let q = UnboundedQueue::new();
-        for i in 0..100 {
-            q.push(i);
-        }
-        assert_eq!(q.len(), 100);
-        for i in 0..100 {
-            assert_eq!(q.pop(), Some(i));
-        }
-        assert!(q.is_empty());
     }
 }

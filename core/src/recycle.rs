@@ -75,8 +75,22 @@ use core::ptr::NonNull;
 use crate::ready::BoundedQueue;
 use crate::sync::{AtomicUsize, Ordering};
 
-/// Blocks per magazine: the unit of the memory bound in the module docs. (No example: a tuning
-/// constant, exported so that tests and models can size their workloads in magazines.)
+/// Blocks per magazine: the unit in which blocks move between a [`Cache`] and its [`Depot`], and
+/// of the memory bound in the module docs (at most `2 * BATCH` blocks per cache). Size a
+/// workload, or a depot's `N`, in magazines with it.
+///
+/// ```
+/// use core::alloc::Layout;
+/// use keyserial_core::recycle::{Cache, Depot, BATCH};
+/// let depot: Depot<4> = Depot::new(Layout::new::<u64>());
+/// let mut cache = Cache::new(&depot);
+/// let blocks: Vec<_> = (0..2 * BATCH + 1).map(|_| cache.alloc()).collect();
+/// for b in blocks {
+///     unsafe { cache.free(b) }; // SAFETY: from this depot's class, no longer used.
+/// }
+/// // Two magazines stay with the cache; the first full one beyond them went to the depot.
+/// assert_eq!((cache.cached(), depot.magazines()), (BATCH + 1, 1));
+/// ```
 #[cfg(not(loom))]
 pub const BATCH: usize = 32;
 /// Blocks per magazine (tiny under loom, where every depot access is a modelled branch; same

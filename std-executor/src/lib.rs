@@ -271,3 +271,8 @@ pub mod loom_api {
     pub use crate::supervisor::stamp_expired;
     pub use crate::sync::{Parker, Unparker};
 }
+
+/// The package README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctest;

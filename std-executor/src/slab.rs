@@ -92,7 +92,7 @@ fn slab_memory() -> NonNull<u8> {
     let p = unsafe { std::alloc::alloc(SLAB_LAYOUT) };
     let p = NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(SLAB_LAYOUT));
     // Frees find the header from a block's address alone: expose the slab's provenance (a
-    // pointer-to-integer cast is `expose_provenance`, stable only since 1.84; MSRV is 1.80).
+    // pointer-to-integer cast does what `expose_provenance` does).
     let _ = p.as_ptr() as usize;
     p
 }
@@ -148,7 +148,7 @@ unsafe fn release(h: NonNull<Header>, n: usize) -> bool {
 fn header_of(p: NonNull<u8>) -> NonNull<Header> {
     let addr = p.as_ptr() as usize & !(SLAB - 1);
     // The slab's provenance was exposed in `slab_memory`; an integer-to-pointer cast is
-    // `with_exposed_provenance_mut` (stable only since 1.84; MSRV is 1.80).
+    // what `with_exposed_provenance_mut` does.
     let h = addr as *mut Header;
     // SAFETY: a block is never at the slab's address (the header is), so `addr` is nonzero.
     unsafe { NonNull::new_unchecked(h) }

@@ -34,7 +34,8 @@
 //!   linearisation point of both push and pop; it never fills because a key is in it at most
 //!   once.
 //!
-//! [heapless](https://docs.rs/heapless) supplies the hasher for `K` (its `hash32` FNV-1a). Its
+//! The hasher for `K` is [hash32](https://docs.rs/hash32)'s FNV-1a, the one
+//! [heapless](https://docs.rs/heapless) uses. heapless itself is not a dependency: its
 //! containers are not used for the shared structures on purpose: they are single-owner, and its
 //! MPMC queue needs a power-of-two size and publishes a claimed cell in a second step (a stopped
 //! producer makes the queue look empty or full to others). The table, the ring, the pool and the

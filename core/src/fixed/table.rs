@@ -68,7 +68,7 @@ const TAG_SHIFT: u32 = 3;
 const TAG: usize = 0xff << TAG_SHIFT;
 const PIN: usize = 1 << 11;
 
-/// heapless's 32-bit FNV-1a hasher over `K`'s `Hash`.
+/// hash32's 32-bit FNV-1a hasher (heapless's) over `K`'s `Hash`.
 #[inline]
 pub(super) fn hash_of<K: Hash>(key: &K) -> u32 {
     use hash32::Hasher as _;
