@@ -921,7 +921,7 @@ fn head_of_line<E: KeyedExecutor>(
     let mut i = 0usize;
     for seq in 0..per_key {
         for key in 1..=fast_keys {
-            if i % every == 0 && slow_seq < slow_tasks {
+            if i.is_multiple_of(every) && slow_seq < slow_tasks {
                 plan.push((0, slow_seq, NO_MARK));
                 slow_seq += 1;
             }

@@ -166,7 +166,7 @@ impl Bump {
     /// A bump allocator of `block`-byte blocks (a multiple of 16, at least 16, at most a
     /// quarter of a slab); no slab until the first allocation.
     pub const fn new(block: usize) -> Self {
-        assert!(block >= 16 && block % 16 == 0 && block <= SLAB / 4);
+        assert!(block >= 16 && block.is_multiple_of(16) && block <= SLAB / 4);
         Bump {
             block,
             slab: None,

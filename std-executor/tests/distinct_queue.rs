@@ -119,7 +119,7 @@ fn four_producers_four_consumers_random_failures_each_item_completed_once() {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    if x % 5 == 0 {
+                    if x.is_multiple_of(5) {
                         batch.fail(); // 20% of batches fail and come back
                     } else {
                         completed.lock().unwrap().extend(batch.iter().copied());
@@ -516,7 +516,7 @@ fn stress_overlapping_items_every_accepted_add_completed_exactly_once() {
                             assert!(h.insert(*item), "item {item} held twice at once");
                         }
                     }
-                    let fail = rng.next() % 5 == 0;
+                    let fail = rng.next().is_multiple_of(5);
                     {
                         let mut h = holding.lock().unwrap();
                         for item in batch.iter() {

@@ -254,7 +254,7 @@ impl PKey {
             Side::Submitter => !on_workers_of(&self.kind.name),
             Side::Anywhere => true,
         };
-        if here && self.kind.calls.fetch_add(1, SeqCst) % every == 0 {
+        if here && self.kind.calls.fetch_add(1, SeqCst).is_multiple_of(every) {
             panic!("edge: key {op:?} of key {}", self.id);
         }
     }

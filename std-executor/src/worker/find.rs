@@ -57,7 +57,7 @@ where
         if let Some(l) = self.lane_stuck_since_last_look() {
             return Some(Work::Lane(l));
         }
-        let lanes_first = self.tick % 2 == 0;
+        let lanes_first = self.tick.is_multiple_of(2);
         if lanes_first {
             if let Some(l) = self.acquire_lane() {
                 return Some(Work::Lane(l));
@@ -92,7 +92,7 @@ where
         let global = &self.shared.global();
         let from_global =
             || steal_into(|| global.steal_batch_with_limit_and_pop(deque, GLOBAL_BATCH));
-        let found = if self.tick % GLOBAL_INTERVAL == 0 {
+        let found = if self.tick.is_multiple_of(GLOBAL_INTERVAL) {
             from_stuck_sibling(self.shared, self.index, &mut self.seen, deque).or_else(from_global)
         } else {
             None

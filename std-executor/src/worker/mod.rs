@@ -341,7 +341,7 @@ where
             Work::Run(Runnable::Task(task)) => self.run_unkeyed(task),
         };
         self.tick = self.tick.wrapping_add(1);
-        if self.tick % 64 == 0 {
+        if self.tick.is_multiple_of(64) {
             self.now = self.shared.now_ms();
             self.reap_idle(false);
         }
