@@ -328,6 +328,9 @@ fuzz_target!(|input: Input| {
                             RejectReason::TooManyPermits => {
                                 panic!("TooManyPermits without permits")
                             }
+                            RejectReason::TooManyKeys => {
+                                panic!("TooManyKeys without a key budget")
+                            }
                         }
                         subs.push(Sub {
                             kind,
