@@ -40,23 +40,23 @@ use crate::state::StateHooks;
 /// s.execute(42, || println!("order 42")).unwrap();
 /// ```
 pub struct Builder<K, S = ()> {
-    pub(crate) workers: Option<usize>,
-    pub(crate) max_workers: Option<usize>,
-    pub(crate) worker_keep_alive: Duration,
-    pub(crate) key_idle_timeout: Duration,
-    pub(crate) fairness_budget: usize,
-    pub(crate) capacity: Option<usize>,
-    pub(crate) thread_name: String,
-    pub(crate) panic_policy: PanicPolicy,
-    pub(crate) max_keys: Option<usize>,
+    workers: Option<usize>,
+    max_workers: Option<usize>,
+    worker_keep_alive: Duration,
+    key_idle_timeout: Duration,
+    fairness_budget: usize,
+    capacity: Option<usize>,
+    thread_name: String,
+    panic_policy: PanicPolicy,
+    max_keys: Option<usize>,
     /// Feature `tracing`: how spans write a key (`trace_keys`).
     #[cfg(feature = "tracing")]
-    pub(crate) key_label: Option<fn(&K) -> String>,
+    key_label: Option<fn(&K) -> String>,
     /// The tokio runtime whose context workers enter while they poll futures.
     #[cfg(feature = "tokio")]
-    pub(crate) tokio: Option<tokio::runtime::Handle>,
+    tokio: Option<tokio::runtime::Handle>,
     /// `key_state` and `on_key_release` (`state.rs`).
-    pub(crate) state: StateHooks<K>,
+    state: StateHooks<K>,
     _key: PhantomData<fn(K)>,
     _state: PhantomData<fn() -> S>,
 }

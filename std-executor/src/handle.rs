@@ -39,7 +39,7 @@ impl SelfWait {
     /// the same key: the awaited task is queued behind the caller (or is the caller) and cannot
     /// start before the caller returns, so the wait would never end.
     fn check(self) {
-        if crate::worker::running_key_here(self.serializer) == Some(self.key) {
+        if crate::running::running_key_here(self.serializer) == Some(self.key) {
             panic!(
                 "keyserial: a task waits for a task of its own key that has not run (a later \
                  one, or itself): that task is queued behind the waiting one and can never \

@@ -137,7 +137,7 @@ where
         ks.control.forget_wait();
         let mut tasks: Vec<TaskRef> = Vec::new();
         // SAFETY: we own the chain.
-        unsafe { crate::worker::drain_chain(e.as_ref(), &mut tasks) };
+        unsafe { crate::key::drain_chain(e.as_ref(), &mut tasks) };
         cancelled += tasks.len();
         // A paused chain parks only before a task starts: nothing drained here had started.
         ks.seen.left(tasks.len());

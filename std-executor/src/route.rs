@@ -159,10 +159,10 @@ where
         if track == Track::Shed {
             ks.shed.store(true, Ordering::Relaxed);
         }
-        // SAFETY: a live task node we own (given up by `into_raw`, or handed back by a bounced
-        // push): queued nowhere else; the chain hands it to its owner or `Header::drop_queued`.
         // Counted before the push, so that the owner's count of its leaving comes after.
         ks.seen.pushed(|| sh.now_ms());
+        // SAFETY: a live task node we own (given up by `into_raw`, or handed back by a bounced
+        // push): queued nowhere else; the chain hands it to its owner or `Header::drop_queued`.
         let pushed = unsafe { ks.chain.push(node) };
         if pushed.is_err() {
             ks.seen.left(1);

@@ -9,13 +9,14 @@ use keyserial_core::lane::Phase as LanePhase;
 
 use crate::deferral::Deferral;
 use crate::future_task::AsyncJob;
+use crate::key::drain_chain;
 use crate::key::{KeyEntry, Runnable};
 use crate::lanes::STOPPER;
 use crate::pending::PendingTask;
 use crate::phase::Stopped;
 use crate::sync::Ordering;
 use crate::task::{Abandon, Job, Kind, TaskRef};
-use crate::worker::{self, drain_chain};
+use crate::worker;
 
 use super::Serializer;
 

@@ -53,38 +53,6 @@ pub(crate) fn current_worker<K>(id: usize) -> Option<(usize, &'static Worker<Run
     }
 }
 
-thread_local! {
-    /// What the self-wait check (`handle::SelfWait`) reads of the worker running on this
-    /// thread: its serializer's id, its slot's running-key word and phase, and the serializer's
-    /// stop flag. All live in the serializer's `Shared`, which the worker loop keeps alive while
-    /// it runs; set and cleared around the loop, as `CURRENT` is.
-    static HERE: Cell<Option<Here>> = const { Cell::new(None) };
-}
-
-#[derive(Clone, Copy)]
-struct Here {
-    id: usize,
-    key: *const crate::sync::AtomicU64,
-    phase: *const crate::phase::Phase,
-    stopped: *const dyn Fn() -> bool,
-}
-
-/// If this thread is one of serializer `id`'s workers inside a keyed task: that task's key word
-/// (`hash | 1`, see `Slot::direct_hash`). `None` outside a task, on an unkeyed one, on another
-/// serializer's worker, or once `shutdown_now` was called (a queued task may then be handed
-/// back and run elsewhere: no verdict).
-pub(crate) fn running_key_here(id: usize) -> Option<u64> {
-    let here = HERE.with(Cell::get).filter(|h| h.id == id)?;
-    // SAFETY: `HERE` points into the `Shared` (and at a closure on the stack) of the worker
-    // loop running further up this thread's stack (cleared before the loop returns), and we
-    // are on that thread, inside its task.
-    let (key, phase, stopped) = unsafe { (&*here.key, &*here.phase, &*here.stopped) };
-    if !phase.is_running() || stopped() {
-        return None;
-    }
-    Some(key.load(Ordering::Relaxed)).filter(|&k| k != 0)
-}
-
 /// `true` if this thread is a worker of serializer `id`.
 pub(crate) fn on_worker_of(id: usize) -> bool {
     CURRENT.with(Cell::get).0 == id
@@ -212,27 +180,18 @@ where
         let sh = self.shared.clone();
         let stopped = move || sh.lifecycle().is_stopped();
         let stopped: &dyn Fn() -> bool = &stopped;
-        let here = Here {
-            id: self.shared.id(),
-            key: &self.slot.direct_hash,
-            phase: &*self.slot.phase,
-            // SAFETY: only the lifetime is erased; `HERE` is cleared below (by `ClearHere`, also
-            // on unwind), before `stopped` (on this stack frame) goes.
-            stopped: unsafe {
-                std::mem::transmute::<&dyn Fn() -> bool, &'static dyn Fn() -> bool>(stopped)
-            },
+        // SAFETY: the slot and `stopped` outlive the main loop, and `enter`'s guard (dropped
+        // right after the loop, also on unwind) clears the view before either goes.
+        let here = unsafe {
+            crate::running::enter(
+                self.shared.id(),
+                &self.slot.direct_hash,
+                &self.slot.phase,
+                stopped,
+            )
         };
-        HERE.with(|h| h.set(Some(here)));
-        /// Clears `HERE` when the loop returns or unwinds.
-        struct ClearHere;
-        impl Drop for ClearHere {
-            fn drop(&mut self) {
-                HERE.with(|h| h.set(None));
-            }
-        }
-        let clear = ClearHere;
         self.main_loop();
-        drop(clear);
+        drop(here);
         CURRENT.with(|c| c.set((0, 0, std::ptr::null())));
         self.exit();
     }
@@ -426,6 +385,5 @@ where
     }
 }
 
-pub(crate) use chain::drain_chain;
 pub(crate) use find::steal_into;
 pub(crate) use hand_back::lane_items;

@@ -1,0 +1,71 @@
+//! What the worker running on this thread is inside, for the self-wait check
+//! (`handle::SelfWait`): a thread-local view of the worker's slot (its running task's key word
+//! and its phase) and its serializer's stop flag, set by the worker around its loop. Apart from
+//! `worker/`, so that handles (low in the crate) need not import the workers.
+
+use std::cell::Cell;
+
+use crate::phase::Phase;
+use crate::sync::{AtomicU64, Ordering};
+
+thread_local! {
+    /// The view, while a worker loop runs on this thread.
+    static HERE: Cell<Option<Here>> = const { Cell::new(None) };
+}
+
+#[derive(Clone, Copy)]
+struct Here {
+    id: usize,
+    key: *const AtomicU64,
+    phase: *const Phase,
+    stopped: *const dyn Fn() -> bool,
+}
+
+/// Clears the view when dropped (the worker loop returned or unwound).
+pub(crate) struct Entered(());
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        HERE.with(|h| h.set(None));
+    }
+}
+
+/// Sets this thread's view: serializer `id`'s worker whose running-key word is `key`, whose
+/// phase is `phase`, and whose serializer says `stopped()` once `shutdown_now` was called.
+///
+/// # Safety
+/// `key`, `phase` and `stopped` stay alive until the returned guard is dropped.
+pub(crate) unsafe fn enter(
+    id: usize,
+    key: &AtomicU64,
+    phase: &Phase,
+    stopped: &dyn Fn() -> bool,
+) -> Entered {
+    // SAFETY: only the lifetime is erased; the caller keeps `stopped` alive until the guard
+    // clears the view.
+    let stopped: &'static dyn Fn() -> bool = unsafe { std::mem::transmute(stopped) };
+    HERE.with(|h| {
+        h.set(Some(Here {
+            id,
+            key,
+            phase,
+            stopped,
+        }))
+    });
+    Entered(())
+}
+
+/// If this thread is one of serializer `id`'s workers inside a keyed task: that task's key word
+/// (`hash | 1`, see `Slot::direct_hash`). `None` outside a task, on an unkeyed one, on another
+/// serializer's worker, or once `shutdown_now` was called (a queued task may then be handed
+/// back and run elsewhere: no verdict).
+pub(crate) fn running_key_here(id: usize) -> Option<u64> {
+    let here = HERE.with(Cell::get).filter(|h| h.id == id)?;
+    // SAFETY: the view points at what `enter`'s caller keeps alive until the view is cleared,
+    // and we are on that thread.
+    let (key, phase, stopped) = unsafe { (&*here.key, &*here.phase, &*here.stopped) };
+    if !phase.is_running() || stopped() {
+        return None;
+    }
+    Some(key.load(Ordering::Relaxed)).filter(|&k| k != 0)
+}
