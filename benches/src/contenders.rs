@@ -127,7 +127,7 @@ impl Contender {
     pub fn describe(self, workers: usize) -> String {
         match self {
             Contender::Keyserial => format!(
-                "keyserial::Serializer<u64>, {workers} workers, execute() (W7: submit_async())"
+                "keyserial::Serializer<u64>, {workers} workers, execute() (W7: execute_async())"
             ),
             Contender::KeyserialBounded => format!(
                 "the same with .capacity({BOUNDED_CAPACITY}): submit waits while that many tasks are queued"

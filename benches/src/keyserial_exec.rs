@@ -6,8 +6,8 @@
 //! own allocation per task is part of what is measured). In the boxed mode the closure is the
 //! pre-boxed `Task` itself, passed to `execute` the same way (the default
 //! [`KeyedExecutor::submit_boxed`]).
-//! Futures (W7) go to `submit_async(key, future)`, wrapped only to count their completion; the
-//! handle it returns is dropped at once (the future still runs).
+//! Futures (W7) go to `execute_async(key, future)` (no handle, as closures go to `execute`),
+//! wrapped only to count their completion.
 //! Waiting for idle uses the same [`Completion`] counters as every baseline.
 
 use std::future::Future;
@@ -74,7 +74,7 @@ impl KeyedExecutor for KeyserialExec {
         self.done.submitted();
         // SAFETY: as in `submit`: the serializer, which owns the futures, is dropped first.
         let done = unsafe { StaticRef::new(&*self.done) };
-        if let Err(rejected) = self.ser.submit_async(key, async move {
+        if let Err(rejected) = self.ser.execute_async(key, async move {
             fut.await;
             done.completed();
         }) {

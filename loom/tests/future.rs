@@ -6,9 +6,10 @@
 //!
 //! Checked in every interleaving: the event is seen by some poll (no lost wakeup), the future
 //! completes exactly once, it is never rescheduled while its owner still polls it (never polled
-//! by two threads at once), a wake after completion does nothing, and a wake racing
-//! `shutdown_now` for a parked future's chain (through the real wait registry) hands the chain
-//! to exactly one of them.
+//! by two threads at once), a wake after completion does nothing, a wake racing
+//! `shutdown_now`'s steal for a parked future's chain hands the chain to exactly one of them
+//! (and a lost steal finds the chain queued), and a second park woken while the first waker
+//! is still between its push and its mark is never taken twice.
 #![cfg(loom)]
 
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -65,6 +66,7 @@ impl Model {
         self.event.store(true, Ordering::Relaxed);
         if self.state.wake() {
             self.rescheduled.fetch_add(1, Ordering::SeqCst);
+            self.state.scheduled(); // "on the queue": the stand-in worker is this thread
             self.owner();
         }
     }
@@ -128,44 +130,99 @@ fn a_wake_after_completion_does_nothing() {
 
 #[test]
 fn shutdown_now_racing_a_wake_of_a_parked_future_takes_it_exactly_once() {
-    use keyserial::loom_api::WaitRegistry;
-    // The owner has parked the future (the wait registered, `try_park` done); a waker and
-    // `shutdown_now` race for the chain: the waker through `wake` and then the wait's grant (as
-    // `Parking::wake_by_ref` does), `shutdown_now` through `steal_all`.
+    // The owner has parked the future (`try_park` done); a waker and `shutdown_now` race for
+    // the chain: the waker through `wake`, a push onto the (stand-in) global queue and
+    // `scheduled`, as `future_task.rs`'s `wake_cell` does; `shutdown_now` through `steal`. A
+    // lost steal must find the chain on the queue (it drains the queues next).
     loom::model(|| {
         let m = Arc::new(Model::default());
-        let registry: Arc<WaitRegistry<u32>> = Arc::new(WaitRegistry::new());
-        let wait = registry.register(7);
         m.state.begin_poll();
         assert!(m.state.try_park());
-        let rescheduled = Arc::new(AtomicUsize::new(0));
-        let (m2, r2, w2, res2) = (
-            m.clone(),
-            registry.clone(),
-            wait.clone(),
-            rescheduled.clone(),
-        );
+        let queued = Arc::new(AtomicBool::new(false));
+        let (m2, q2) = (m.clone(), queued.clone());
         let waker = thread::spawn(move || {
             m2.event.store(true, Ordering::Relaxed);
             if m2.state.wake() {
-                r2.grant(&w2, |_| {
-                    res2.fetch_add(1, Ordering::SeqCst);
-                });
+                q2.store(true, Ordering::Relaxed);
+                m2.state.scheduled();
+                true
+            } else {
+                false
             }
         });
-        let stolen = AtomicUsize::new(0);
-        registry.steal_all(|_| {
-            stolen.fetch_add(1, Ordering::SeqCst);
-        });
-        waker.join().unwrap();
-        let (s, r) = (
-            stolen.load(Ordering::SeqCst),
-            rescheduled.load(Ordering::SeqCst),
+        let stolen = m.state.steal();
+        if !stolen {
+            assert!(
+                queued.load(Ordering::Relaxed),
+                "a lost steal finds the chain on the queue"
+            );
+        }
+        let rescheduled = waker.join().unwrap();
+        assert!(
+            stolen ^ rescheduled,
+            "the chain went to exactly one of them (stolen {stolen}, rescheduled {rescheduled})"
         );
+        // A wake after the steal does nothing.
+        assert!(!m.state.wake() || !stolen);
+    });
+}
+
+#[test]
+fn a_second_park_is_not_taken_while_the_first_waker_is_marking() {
+    // The owner parked; waker A takes the park, pushes the chain (the stand-in queue) and marks
+    // it; a worker pops it once it is queued and polls again (pending once more: it parks
+    // again), while waker B wakes. `begin_poll` waits out A's `WAKING`, so B can take the second
+    // park only after A's mark: A's late mark can never stand for B's push.
+    loom::model(|| {
+        let m = Arc::new(Model::default());
+        m.state.begin_poll();
+        assert!(m.state.try_park());
+        let queued = Arc::new(AtomicUsize::new(0));
+        let a_marked = Arc::new(AtomicBool::new(false));
+        // B starts once A has taken the first park, and may wake at any point after.
+        assert!(m.state.wake(), "A takes the first park");
+        let (mb, qb, ab) = (m.clone(), queued.clone(), a_marked.clone());
+        let b = thread::spawn(move || {
+            if mb.state.wake() {
+                assert!(
+                    ab.load(Ordering::SeqCst),
+                    "B took a park before A marked its own"
+                );
+                qb.fetch_add(1, Ordering::SeqCst);
+                mb.state.scheduled();
+            }
+        });
+        let (ma, qa, aa) = (m.clone(), queued.clone(), a_marked.clone());
+        let a = thread::spawn(move || {
+            qa.fetch_add(1, Ordering::SeqCst);
+            // Flagged just before the mark: B may see a park only once the mark let the
+            // worker poll, so after this store.
+            aa.store(true, Ordering::SeqCst);
+            ma.state.scheduled();
+        });
+        let (mw, qw) = (m.clone(), queued.clone());
+        let worker = thread::spawn(move || {
+            while qw.load(Ordering::SeqCst) == 0 {
+                thread::yield_now();
+            }
+            loop {
+                mw.state.begin_poll();
+                if mw.state.try_park() {
+                    break;
+                }
+            }
+        });
+        a.join().unwrap();
+        worker.join().unwrap();
+        b.join().unwrap();
+        let q = queued.load(Ordering::SeqCst);
+        assert!(q == 1 || q == 2);
+        // Queued twice: B's park is RUNNABLE now; else B woke during the worker's poll (or
+        // before A's push) and the worker's loop parked after polling again.
         assert_eq!(
-            s + r,
-            1,
-            "the chain went to exactly one of them (stolen {s}, rescheduled {r})"
+            m.state.steal(),
+            q == 1,
+            "parked exactly when B did not take it"
         );
     });
 }

@@ -512,3 +512,70 @@ fn a_key_budget_pushes_straight_onto_chains_and_releases_idle_keys() {
     s.shutdown();
     assert!(s.await_termination(Duration::from_secs(60)));
 }
+
+/// Pending once: its first poll keeps a clone of its waker (in `kept`) and wakes itself from
+/// inside the poll; its second poll appends `n` to `log`.
+struct YieldOnce {
+    n: u32,
+    polled: bool,
+    kept: Arc<Mutex<Vec<std::task::Waker>>>,
+    log: Arc<Mutex<Vec<u32>>>,
+}
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.polled {
+            self.log.lock().unwrap().push(self.n);
+            return std::task::Poll::Ready(());
+        }
+        self.polled = true;
+        self.kept.lock().unwrap().push(cx.waker().clone());
+        cx.waker().wake_by_ref(); // during the poll: polled again
+        std::task::Poll::Pending
+    }
+}
+
+#[test]
+fn execute_async_runs_in_order_and_a_waker_outliving_the_serializer_is_harmless() {
+    let kept: Arc<Mutex<Vec<std::task::Waker>>> = Arc::default();
+    let log: Arc<Mutex<Vec<u32>>> = Arc::default();
+    {
+        let s = serializer(1);
+        for n in 0..PER_KEY {
+            let fut = YieldOnce {
+                n,
+                polled: false,
+                kept: kept.clone(),
+                log: log.clone(),
+            };
+            s.execute_async(1, fut).unwrap();
+            if n == 1 {
+                // A panicking poll: counted, and the key goes on.
+                s.execute_async(1, async { panic!("in poll") }).unwrap();
+            }
+        }
+        s.shutdown();
+        assert!(s.await_termination(Duration::from_secs(10)));
+        let st = s.stats();
+        assert_eq!((st.completed, st.panicked), (u64::from(PER_KEY) + 1, 1));
+        assert!(
+            s.execute_async(1, async {}).is_err(),
+            "refused after shutdown"
+        );
+    }
+    assert_eq!(*log.lock().unwrap(), (0..PER_KEY).collect::<Vec<_>>());
+    // The serializer is gone: its futures' wakers still point at live cells, and do nothing.
+    let wakers = std::mem::take(&mut *kept.lock().unwrap());
+    assert_eq!(wakers.len(), PER_KEY as usize);
+    for w in wakers {
+        w.wake_by_ref();
+        let again = w.clone();
+        drop(w);
+        again.wake();
+    }
+}

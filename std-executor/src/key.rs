@@ -10,7 +10,7 @@ use crate::control::Control;
 use crate::idle_word::IdleWord;
 use crate::key_budget::KeyShare;
 use crate::lanes::TrackToken;
-use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use crate::task::{Header, TaskRef};
 
 /// Per-key state of a *tracked* key (`lanes.rs`): the key's chain plus what the executor keeps
@@ -33,6 +33,11 @@ pub(crate) struct KeyState {
     /// The key's share of the serializer's key budget (`key_budget.rs`), given back when the
     /// key is retired.
     pub(crate) share: KeyShare,
+    /// The wake state of the chain's head future while it is parked (`future_task.rs`,
+    /// "Shutdown"): set by the chain's owner just before it parks, cleared by the next owner
+    /// before it polls and by `shutdown_now` when it steals the chain. Read only by
+    /// `shutdown_now`, once every worker has stopped.
+    pub(crate) parked_future: AtomicPtr<crate::future_task::WakeState>,
     /// Counts the key in its lane's tracked keys while the state lives.
     _track: TrackToken,
 }
@@ -47,6 +52,7 @@ impl KeyState {
             seen: Seen::default(),
             state: crate::state::StateCell::default(),
             share,
+            parked_future: AtomicPtr::new(std::ptr::null_mut()),
             _track: track,
         }
     }

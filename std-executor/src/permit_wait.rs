@@ -342,8 +342,6 @@ mod parked {
     pub(crate) enum ParkedFor {
         /// Its head task's permits (`permits.rs`).
         Permits,
-        /// Its head future's waker (`future_task.rs`).
-        Future,
         /// The key's `resume` (`control.rs`).
         Pause,
     }

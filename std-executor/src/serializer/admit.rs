@@ -29,7 +29,7 @@ use crate::claims::Claim;
 use std::future::Future;
 
 use crate::error::{RejectReason, Rejected};
-use crate::future_task::{AsyncJob, FutureCell};
+use crate::future_task::AsyncJob;
 use crate::handle::{JoinState, OriginCheck, TaskHandle};
 use crate::key::{KeyState, Runnable};
 use crate::key_budget::{KeyBudget, KeyShare};
@@ -103,6 +103,28 @@ where
         })
     }
 
+    /// `execute_async`: as `submit_future`, without a handle.
+    pub(super) fn execute_future<Fut>(&self, key: K, fut: Fut) -> Result<(), Rejected<Fut>>
+    where
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let mut slot = Some(fut);
+        let sh = &*self.shared;
+        let traced = crate::trace::origin(sh.labeler(), Some(&key), |k| sh.hash_of(k));
+        self.admit(Some(key), Kind::Future, Mode::Block, |_| {
+            let fut = crate::trace::wrap_future(traced, slot.take().expect("built once"));
+            LaneTask::node(TaskRef::new(
+                AsyncJob::<K>::new(fut, None),
+                Kind::Future,
+                None,
+            ))
+        })
+        .map_err(|reason| Rejected {
+            reason,
+            task: slot.take().expect("refused before the task was built"),
+        })
+    }
+
     /// `submit_async` / `try_submit_async`: the future becomes a node of kind `Future`
     /// (`future_task.rs`), admitted like any keyed task.
     pub(super) fn submit_future<Fut>(
@@ -124,11 +146,7 @@ where
             let state = JoinState::new(origin.take().unwrap_or_default());
             handle = Some(TaskHandle::new(state.clone()));
             let fut = crate::trace::wrap_future(traced, slot.take().expect("built once"));
-            let cell = FutureCell::new(fut, state);
-            let job = AsyncJob::<K> {
-                task: std::sync::Arc::new(cell),
-                parking: None,
-            };
+            let job = AsyncJob::<K>::new(fut, Some(state));
             LaneTask::node(TaskRef::new(job, Kind::Future, None))
         })
         .map(|()| handle.take().expect("handle made with the task"))

@@ -508,6 +508,34 @@ where
         self.submit_future(key, fut, Mode::Try)
     }
 
+    /// Submits a future for `key` without a handle: [`submit_async`](Self::submit_async) as
+    /// [`execute`](Self::execute) is to [`submit`](Self::submit) (the cheapest way to run a
+    /// future in its key's order; one allocation per future). Blocks while at capacity. A panic
+    /// in `poll` is counted in [`Stats::panicked`] and the key goes on.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use std::sync::Arc;
+    /// let s: keyserial::Serializer<u32> = keyserial::Serializer::new();
+    /// let n = Arc::new(AtomicU32::new(0));
+    /// for _ in 0..3 {
+    ///     let n = n.clone();
+    ///     s.execute_async(1, async move { n.fetch_add(1, Ordering::Relaxed); }).unwrap();
+    /// }
+    /// s.shutdown();
+    /// assert!(s.await_termination(std::time::Duration::from_secs(10)));
+    /// assert_eq!(n.load(Ordering::Relaxed), 3);
+    /// ```
+    ///
+    /// # Errors
+    /// `Rejected { reason: Shutdown, task }` after [`shutdown`](Self::shutdown), with the future.
+    pub fn execute_async<Fut>(&self, key: K, fut: Fut) -> Result<(), Rejected<Fut>>
+    where
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.execute_future(key, fut)
+    }
+
     /// Runs an unkeyed task: never serialized with anything. Blocks while at capacity.
     ///
     /// ```

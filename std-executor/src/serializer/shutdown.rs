@@ -100,8 +100,11 @@ where
         // What workers handed back of the chains they held (they do so before going idle,
         // which `stop` waited for).
         out.append(&mut sh.lifecycle().take_handed_back());
-        // 2. Chains parked on permits.
+        // 2. Chains parked on permits or a pause, then those parked on their head future.
         for e in crate::permits::steal_all(sh) {
+            self.drain_into(e, &mut out);
+        }
+        for e in self.steal_parked_futures() {
             self.drain_into(e, &mut out);
         }
         // 3. Every queue.
@@ -167,6 +170,32 @@ where
             .collect()
     }
 
+    /// `shutdown_now`, once every worker has stopped: the chains parked on their head future,
+    /// each taken from its wakers (`future_task.rs`, "Shutdown"). A chain whose waker won is
+    /// on the global queue when this returns.
+    fn steal_parked_futures(&self) -> Vec<NonNull<KeyEntry<K>>> {
+        let sh = &*self.shared;
+        let mut stolen = Vec::new();
+        let guard = sh.pin();
+        sh.table().for_each(&guard, |e| {
+            let ks = e.value();
+            let state = ks.parked_future.load(Ordering::Acquire);
+            if state.is_null() {
+                return;
+            }
+            // SAFETY: every worker has stopped (step 1), and a worker clears the pointer
+            // before it polls the chain's head future: so the future has been parked since its
+            // last poll, and its node (holding a counted reference to the cell that holds the
+            // state) is still on the chain, which only a worker or this call takes apart.
+            if unsafe { (*state).steal() } {
+                ks.parked_future
+                    .store(std::ptr::null_mut(), Ordering::Relaxed);
+                stolen.push(NonNull::from(e));
+            }
+        });
+        stolen
+    }
+
     /// `drain_into` for a chain taken from a worker still inside one of its tasks: hands back
     /// what is queued and leaves the chain, its entry and its state as they are.
     fn drain_queued_into(&self, e: NonNull<KeyEntry<K>>, out: &mut Vec<PendingTask<K>>) {
@@ -222,13 +251,14 @@ where
         if t.kind() != Kind::Future {
             return Some(t);
         }
-        // SAFETY: nodes of kind `Future` are made only by `submit_async`, from an `AsyncJob<K>`.
-        let job = unsafe { t.into_job::<AsyncJob<K>>() };
-        if job.parking.is_none() {
-            return Some(TaskRef::new(job, Kind::Future, None)); // never polled: handed back
+        // SAFETY: nodes of kind `Future` are made only by `submit_async` / `execute_async`, from
+        // an `AsyncJob<K>`, with no permit request.
+        if !unsafe { t.job_ref::<AsyncJob<K>>() }.started() {
+            return Some(t); // never polled: handed back
         }
         self.shared.count_completed_outside();
-        job.abandon(Abandon::Cancelled);
+        // SAFETY: as above.
+        unsafe { t.into_job::<AsyncJob<K>>() }.abandon(Abandon::Cancelled);
         None
     }
 

@@ -377,6 +377,20 @@ impl TaskRef {
         }
     }
 
+    /// The job of a node, in place (the node stays the caller's, and where it is).
+    ///
+    /// # Safety
+    /// `J` is the job type the node was created with, and the node carries no permit request.
+    pub(crate) unsafe fn job_ref<J: Job>(&self) -> &J {
+        debug_assert!(
+            !self.header().vtable.gated,
+            "a gated node's job is not in place here"
+        );
+        // SAFETY: per the contract the node is a live `Node<J, ()>` we own; the borrow is tied
+        // to `&self`.
+        unsafe { &self.0.cast::<Node<J, ()>>().as_ref().job }
+    }
+
     /// Frees the node without running it, resolving its handle `Panicked` with `payload`: user
     /// code on the task's way to running (its key's `Hash`, `Eq` or `Clone`) panicked.
     pub(crate) fn fail(self, payload: Payload) {

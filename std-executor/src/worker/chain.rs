@@ -9,17 +9,15 @@
 //! then it keeps draining). After a release, the key's idle bookkeeping runs (`idle.rs`) under an
 //! epoch guard taken *before* the release, since the entry may be retired by others from then on.
 
+use crate::future_task::{AsyncJob, WakeState};
 use std::ptr::NonNull;
-use std::task::{Context, Waker};
-
-use crate::future_task::{AsyncJob, Parking};
 
 use super::{After, WorkerLoop};
 use crate::key::{KeyEntry, Runnable};
 use crate::permits::PermitOutcome;
 use crate::phase::AfterTask;
 use crate::sync::Ordering;
-use crate::task::{Abandon, Kind, TaskRef};
+use crate::task::{Abandon, Job, Kind, TaskRef};
 
 impl<K> WorkerLoop<'_, K>
 where
@@ -211,24 +209,25 @@ where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     /// Polls the future of node `task`, just popped from `entry_ptr`'s chain, which this worker
-    /// owns (`future_task.rs`: "Where a future lives" and "The wake state").
+    /// owns (`future_task.rs`: "Where a future lives" and "The wake state"). The node stays
+    /// where it is: put back at the chain's head while the future is pending, freed once it is
+    /// done.
     fn poll_future(&mut self, entry_ptr: NonNull<KeyEntry<K>>, task: TaskRef) -> Polled {
         // SAFETY: we own the chain, so the entry is alive.
-        let chain = &unsafe { entry_ptr.as_ref() }.value().chain;
-        // SAFETY: nodes of kind `Future` are made only by `submit_async`, from an `AsyncJob<K>`.
-        let AsyncJob { task, parking } = unsafe { task.into_job::<AsyncJob<K>>() };
-        let first = parking.is_none();
-        // SAFETY: we own the chain, so the entry is alive.
-        let control = &unsafe { entry_ptr.as_ref() }.value().control;
-        if first && control.is_paused() {
+        let ks = unsafe { entry_ptr.as_ref() }.value();
+        let chain = &ks.chain;
+        // We own the chain: its head future is ours to poll, not parked any more.
+        ks.parked_future
+            .store(std::ptr::null_mut(), Ordering::Relaxed);
+        // SAFETY: nodes of kind `Future` are made only by `submit_async` / `execute_async`,
+        // from an `AsyncJob<K>`, with no permit request.
+        let job = unsafe { task.job_ref::<AsyncJob<K>>() };
+        let first = !job.started();
+        if first && ks.control.is_paused() {
             // Paused before it started: back at the head, unstarted, and the chain parks
             // (`control.rs`). A started future is the key's running task and goes on.
-            let job: AsyncJob<K> = AsyncJob {
-                task,
-                parking: None,
-            };
-            // SAFETY: we own the chain; the node is new and ours.
-            unsafe { chain.unpop(TaskRef::new(job, Kind::Future, None).into_raw()) };
+            // SAFETY: we own the chain, and `task` is the node we popped last.
+            unsafe { chain.unpop(task.into_raw()) };
             // SAFETY: we own the chain.
             return if unsafe { crate::key_control::park(self.shared, entry_ptr) } {
                 Polled::Parked
@@ -236,16 +235,6 @@ where
                 Polled::Again
             };
         }
-        let parking = parking.unwrap_or_else(|| Parking::new(self.shared, entry_ptr));
-        let put_back = |task, parking| {
-            let job = AsyncJob {
-                task,
-                parking: Some(parking),
-            };
-            let node = TaskRef::new(job, Kind::Future, None);
-            // SAFETY: we own the chain; the node is new and ours.
-            unsafe { chain.unpop(node.into_raw()) };
-        };
         self.slot
             .current
             .store(entry_ptr.as_ptr() as usize, Ordering::Relaxed);
@@ -253,44 +242,40 @@ where
         let key_word = unsafe { entry_ptr.as_ref() }.hash() | 1;
         self.slot.direct_hash.store(key_word, Ordering::Relaxed);
         if !self.slot.phase.enter_running() {
-            // `shutdown_now`: as for a task (`run_chain`), the future goes back and the chain
-            // to the others.
-            let parking = if first { None } else { Some(parking) };
-            let job = AsyncJob { task, parking };
-            // SAFETY: we own the chain; the node is new and ours.
-            unsafe { chain.unpop(TaskRef::new(job, Kind::Future, None).into_raw()) };
+            // `shutdown_now`: as for a task (`run_chain`), the future goes back (started or
+            // not, as it was) and the chain to the others.
+            // SAFETY: we own the chain, and `task` is the node we popped last.
+            unsafe { chain.unpop(task.into_raw()) };
             self.shared.global().push(Runnable::Chain(entry_ptr));
             return Polled::Exit;
         }
-        // SAFETY: we own the chain, so the entry is alive.
-        let seen = &unsafe { entry_ptr.as_ref() }.value().seen;
         if first {
             // Started: it holds no capacity slot from now on, and counts as running until it
             // completes.
             self.release_capacity();
             self.bump(|c| &c.started);
-            seen.left(1);
-            seen.set_running(true);
+            ks.seen.left(1);
+            ks.seen.set_running(true);
+            job.set_home(self.shared, entry_ptr);
         }
-        parking.state().begin_poll();
-        let waker = Waker::from(parking.clone());
+        job.state().begin_poll();
         let polled = {
             // A guard with feature `tokio`, `()` without it.
             #[allow(clippy::let_unit_value)]
             let _runtime = self.shared.config().enter_runtime();
-            task.poll(&mut Context::from_waker(&waker), &|panicked| {
+            job.poll_here(&|panicked| {
                 self.finish_task(panicked);
                 if panicked && self.pauses_on_panic() {
-                    control.pause();
+                    ks.control.pause();
                 }
             })
         };
-        drop(waker);
         let after = self.slot.phase.leave_running();
         if polled.is_ready() {
-            seen.set_running(false);
-            parking.state().finish();
-            crate::user::drop_quietly(task);
+            ks.seen.set_running(false);
+            job.state().finish();
+            // SAFETY: as above.
+            crate::user::drop_quietly(unsafe { task.into_job::<AsyncJob<K>>() });
             return match after {
                 AfterTask::Continue => Polled::Again,
                 AfterTask::Stolen => Polled::Exit,
@@ -303,21 +288,31 @@ where
         if after != AfterTask::Continue {
             // `shutdown_now` stopped us while the future was pending: a started future is
             // cancelled (it ended, for the counters).
-            seen.set_running(false);
-            parking.state().finish();
+            ks.seen.set_running(false);
             self.finish_task(false);
-            task.cancel(Abandon::Cancelled);
-            crate::user::drop_quietly(task);
+            // SAFETY: as above.
+            unsafe { task.into_job::<AsyncJob<K>>() }.abandon(Abandon::Cancelled);
             if after == AfterTask::HandBack {
                 self.shared.global().push(Runnable::Chain(entry_ptr));
             }
             return Polled::Exit;
         }
-        put_back(task, parking.clone());
-        if parking.park(self.shared) {
+        // Pending: the node goes back to the chain's head, the wake state into the entry (for
+        // `shutdown_now`), and the chain parks on the wake state.
+        let state: *const WakeState = job.state();
+        // SAFETY: we own the chain, and `task` is the node we popped last.
+        unsafe { chain.unpop(task.into_raw()) };
+        ks.parked_future.store(state.cast_mut(), Ordering::Release);
+        // SAFETY: the node, and with it a counted reference to the cell, is on the chain we
+        // still own until the park succeeds: the state is alive.
+        if unsafe { (*state).try_park() } {
+            // The baton is the wakers' now: we touch neither the chain nor the cell again.
             Polled::Parked
         } else {
-            Polled::Again // woken during the poll: it is at the chain's head, poll it again
+            // Woken during the poll: still ours, at the chain's head; poll it again.
+            ks.parked_future
+                .store(std::ptr::null_mut(), Ordering::Relaxed);
+            Polled::Again
         }
     }
 }
