@@ -192,14 +192,16 @@ fn released<K>(
     }
 }
 
-/// `shutdown_now` drained `entry`'s chain (its tasks were handed back): release the chain and,
-/// unless a worker's idle queue holds the key's item (that worker retires it when it exits),
-/// retire and free the key now, so handed-back keys do not stay live until the drop.
+/// `shutdown_now` drained `entry`'s chain (its tasks were handed back): releases the key's
+/// state (if still there), the chain and, unless a worker's idle queue holds the key's item
+/// (that worker retires it when it exits), retires and frees the key now, so handed-back keys
+/// do not stay live until the drop. `false`: the chain was not empty after all (a push came),
+/// and the caller still owns it.
 ///
 /// # Safety
 /// The caller owns `entry`'s chain (holds its baton), the chain is empty, and `entry` is an
 /// entry of `shared.table()`.
-pub(crate) unsafe fn release_drained<K>(shared: &Shared<K>, entry_ptr: NonNull<KeyEntry<K>>)
+pub(crate) unsafe fn release_drained<K>(shared: &Shared<K>, entry_ptr: NonNull<KeyEntry<K>>) -> bool
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
@@ -207,14 +209,15 @@ where
     let guard = shared.pin();
     // SAFETY: we own the chain (the caller's contract), so the entry is alive.
     let entry = unsafe { entry_ptr.as_ref() };
-    // Its state ends here (its handed-back tasks run against fresh ones: `PendingTask::run`).
+    // Its state ends here (`shutdown_now` moved it to the key's handed-back tasks first, if
+    // there are any: `state_hold.rs`).
     // SAFETY: we own the chain.
     if let Some(st) = unsafe { entry.value().state.take() } {
         shared.state_hooks().release(entry.key(), st);
     }
     // SAFETY: we own the chain.
     if !unsafe { entry.value().chain.try_release() } {
-        return; // not empty after all: it stays live and is freed with the table
+        return false; // not empty after all: still the caller's
     }
     let now = shared.now_ms();
     if entry.value().idle.released(now) {
@@ -229,6 +232,7 @@ where
         };
         shared.table().defer_free(garbage, &guard);
     }
+    true
 }
 
 /// Takes the oldest item and acts on it (`force`: whatever its deadline).

@@ -166,7 +166,7 @@
 // | the lane path (every keyed task) | `lanes`, `lane_task` (a task in a lane's slot), `inspect` (a lane taken for a moment from outside: key_stats, cancel_key), `route` (run it or queue it on its key's chain), `deferral` (a key deferred when its lane is taken over), `latest_cells` (`submit_latest`), `claims` (`submit_distinct`), `gate` (admission of unkeyed and latest tasks), `capacity` |
 // | the chain path (keys with state) | `key` (a key's entry and state), `idle`, `idle_word` (idle release), `permits`, `permit_wait` (permit-gated tasks), `control` (a key's pause word), `key_control` (pause and resume on the entry, chain and wait registry), `key_budget` (`max_keys`) |
 // | workers | `worker/` (its `mod.rs` lists its rooms), `phase` (what `shutdown_now` may take), `running` (what the worker on this thread is inside: the self-wait check), `sleep` (parking without lost wakeups), `supervisor` (the elastic pool) |
-// | tasks and handles | `task/` (type-erased task nodes), `nodes`, `slab` (their recycled memory), `handle` (`TaskHandle`), `user` (the one boundary for user code: where it runs, what a panic in it does), `trace` (feature `tracing`) |
+// | tasks and handles | `task/` (type-erased task nodes), `nodes`, `slab` (their recycled memory), `handle` (`TaskHandle`), `state` (per-key state), `state_hold` (a key's state held by its handed-back tasks), `user` (the one boundary for user code: where it runs, what a panic in it does), `trace` (feature `tracing`) |
 // | the extras | `semaphore/`, `distinct/` (`DistinctQueue`) |
 // | beyond one machine (feature `redis`, public) | `stream/` (`partition`: Kafka's murmur2 partitioner; `id`: stream IDs; `watermark`; `producer`; `consumer`: ownership, claims, acks; `conn`: reconnecting connection and reply parsing; `entry`, `error`) |
 //
@@ -227,6 +227,7 @@ mod handle;
 mod nodes;
 mod slab;
 mod state;
+mod state_hold;
 mod task;
 mod trace;
 mod user;

@@ -342,6 +342,7 @@ where
                 direct_hash: crate::sync::AtomicU64::new(0),
                 counters: CachePadded::new(Counters::default()),
                 alive: AtomicBool::new(false),
+                lent: Mutex::new(crate::state_hold::Lent::Empty),
             })
             .collect();
         let gate_words = (slots.len() * 2).next_power_of_two().max(8);

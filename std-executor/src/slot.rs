@@ -42,6 +42,9 @@ pub(crate) struct Slot<K> {
     pub(crate) counters: CachePadded<Counters>,
     /// A thread currently owns this slot.
     pub(crate) alive: AtomicBool,
+    /// The state of a key whose chain `shutdown_now` stole from this slot's worker, on its way
+    /// to the key's handed-back tasks (`state_hold.rs`, "A state lent to a running task").
+    pub(crate) lent: Mutex<crate::state_hold::Lent<K>>,
 }
 
 /// What the thread running in a slot owns: its local deque and its parker. Kept in the slot's

@@ -18,9 +18,15 @@
 //!   behind the claim and runs after the hook returned, against a fresh state: a key's new state
 //!   is made only after its old one's hook returned, and each state goes through the hook once.
 //!
-//! A state task handed back (`shutdown_now`, `cancel_key`) and run by its `PendingTask` runs
-//! against a fresh state made by `init` for it, released through the hook right after (see
-//! `PendingTask::run`).
+//! Two more holders of a key's state, for handed-back tasks:
+//!
+//! - `shutdown_now`, holding a drained chain's baton, moves the state out of the cell into a
+//!   holder shared by the key's handed-back tasks (`state_hold.rs`), so neither the reaper nor
+//!   termination releases it. A chain it stole from a worker inside a task is the exception:
+//!   it never touches that state; the worker, once its task returned, takes the state out of
+//!   the cell (it is its last user) and hands it over through its slot.
+//! - a state task handed back by `cancel_key` takes the key's chain baton when it is run
+//!   (`key_control::run_handed_back`) and then touches the cell as the chain's owner would.
 
 use std::any::Any;
 use std::cell::{Cell, UnsafeCell};

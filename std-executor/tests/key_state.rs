@@ -245,32 +245,286 @@ fn an_idle_key_released_for_max_keys_releases_its_state_first() {
     );
 }
 
+fn ledger_with(log: &Log, idle: Duration, workers: usize) -> Serializer<u32, Vec<u32>> {
+    let (l1, l2) = (log.clone(), log.clone());
+    Builder::<u32>::new()
+        .workers(workers)
+        .max_workers(workers)
+        .key_idle_timeout(idle)
+        .key_state(move |k: &u32| {
+            push(&l1, format!("init {k}"));
+            Vec::new()
+        })
+        .on_key_release(move |k, v: Vec<u32>| push(&l2, format!("release {k} {v:?}")))
+        .build()
+        .unwrap()
+}
+
+fn count(log: &Log, line: &str) -> usize {
+    log.lock().unwrap().iter().filter(|l| *l == line).count()
+}
+
+fn releases(log: &Log, key: u32) -> Vec<String> {
+    let prefix = format!("release {key} ");
+    log.lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with(&prefix))
+        .cloned()
+        .collect()
+}
+
 #[test]
-fn a_handed_back_state_task_runs_against_a_fresh_state() {
+fn shutdown_now_hands_back_the_keys_state_to_its_tasks_and_releases_it_after_the_last_ran() {
+    let log = Log::default();
+    let s = ledger_with(&log, LONG, 2);
+    s.submit_with_state(1, |v: &mut Vec<u32>| v.push(1))
+        .unwrap()
+        .join()
+        .unwrap();
+    // A state task of key 1 holds its worker (and the key's state) through shutdown_now.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let blocker = s
+        .submit_with_state(1, move |v: &mut Vec<u32>| {
+            v.push(2);
+            rx.recv().ok();
+            v.push(3);
+        })
+        .unwrap();
+    assert!(wait_until(LONG, || s
+        .key_stats(&1)
+        .is_some_and(|st| st.running)));
+    let h4 = s
+        .submit_with_state(1, |v: &mut Vec<u32>| {
+            v.push(4);
+            v.clone()
+        })
+        .unwrap();
+    let l = log.clone();
+    let plain = s.submit(1, move || push(&l, "plain 1".into())).unwrap();
+    let h5 = s
+        .submit_with_state(1, |v: &mut Vec<u32>| {
+            v.push(5);
+            v.clone()
+        })
+        .unwrap();
+    let back = s.shutdown_now();
+    assert_eq!(back.len(), 3, "{back:?} {log:?}");
+    assert!(back.iter().all(|p| p.key() == Some(&1)));
+    let mut back = back.into_iter();
+    // Run from another thread before the running task returned: it waits for the key's state.
+    let first = back.next().unwrap();
+    let runner = std::thread::spawn(move || first.run());
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!h4.is_finished(), "waits for the key's running task");
+    tx.send(()).unwrap();
+    blocker.join().unwrap();
+    runner.join().unwrap();
+    assert_eq!(
+        h4.join().unwrap(),
+        [1, 2, 3, 4],
+        "the same state, continued"
+    );
+    assert!(s.await_termination(LONG));
+    assert!(
+        releases(&log, 1).is_empty(),
+        "not at termination: tasks still hold it"
+    );
+    back.next().unwrap().run();
+    plain.join().unwrap();
+    assert!(releases(&log, 1).is_empty());
+    back.next().unwrap().run();
+    assert_eq!(h5.join().unwrap(), [1, 2, 3, 4, 5]);
+    assert_eq!(releases(&log, 1), ["release 1 [1, 2, 3, 4, 5]"]);
+    drop(s);
+    assert_eq!(releases(&log, 1).len(), 1, "released exactly once");
+    assert_eq!(count(&log, "init 1"), 1);
+}
+
+#[test]
+fn shutdown_now_keeps_the_state_alive_for_dropped_and_plain_tasks_until_the_last_is_gone() {
+    let log = Log::default();
+    let s = ledger_with(&log, LONG, 1);
+    s.submit_with_state(1, |v: &mut Vec<u32>| v.push(1))
+        .unwrap()
+        .join()
+        .unwrap();
+    // The only worker is held by another key: key 1's tasks stay where they were submitted,
+    // and its state idle in its entry.
+    let gate = block_worker(&s, 99);
+    let h2 = s
+        .submit_with_state(1, |v: &mut Vec<u32>| {
+            v.push(2);
+            v.clone()
+        })
+        .unwrap();
+    let l = log.clone();
+    let plain = s.submit(1, move || push(&l, "plain 1".into())).unwrap();
+    let h3 = s
+        .submit_with_state(1, |v: &mut Vec<u32>| {
+            v.push(3);
+            v.clone()
+        })
+        .unwrap();
+    let mut back: Vec<_> = s
+        .shutdown_now()
+        .into_iter()
+        .filter(|p| p.key() == Some(&1))
+        .collect();
+    drop(gate);
+    assert!(s.await_termination(LONG));
+    assert_eq!(back.len(), 3);
+    assert!(
+        releases(&log, 1).is_empty(),
+        "held by the handed-back tasks"
+    );
+    let last_state = back.pop().unwrap();
+    let plain_task = back.pop().unwrap();
+    back.pop().unwrap().run();
+    assert_eq!(h2.join().unwrap(), [1, 2], "the key's state, continued");
+    drop(last_state);
+    assert!(matches!(h3.join(), Err(TaskError::Cancelled)));
+    assert!(
+        releases(&log, 1).is_empty(),
+        "a plain task of the key still keeps it"
+    );
+    plain_task.run();
+    plain.join().unwrap();
+    assert_eq!(releases(&log, 1), ["release 1 [1, 2]"]);
+    drop(s);
+    assert_eq!(releases(&log, 1).len(), 1, "released exactly once");
+    assert_eq!(count(&log, "init 1"), 1);
+}
+
+#[test]
+fn dropping_every_task_handed_back_by_shutdown_now_releases_the_state_once() {
+    let log = Log::default();
+    let s = ledger_with(&log, LONG, 1);
+    s.submit_with_state(1, |v: &mut Vec<u32>| v.push(1))
+        .unwrap()
+        .join()
+        .unwrap();
+    let gate = block_worker(&s, 99);
+    for i in 2..5 {
+        drop(
+            s.submit_with_state(1, move |v: &mut Vec<u32>| v.push(i))
+                .unwrap(),
+        );
+    }
+    let back = s.shutdown_now();
+    drop(gate);
+    assert!(s.await_termination(LONG));
+    assert!(releases(&log, 1).is_empty());
+    drop(back);
+    assert_eq!(releases(&log, 1), ["release 1 [1]"]);
+    drop(s);
+    assert_eq!(releases(&log, 1).len(), 1);
+}
+
+#[test]
+fn a_state_task_handed_back_by_cancel_key_runs_against_the_keys_live_state() {
     let log = Log::default();
     let s = ledger(&log, LONG);
     s.submit_with_state(1, |v: &mut Vec<u32>| v.push(1))
         .unwrap()
         .join()
         .unwrap();
-    let gate = block_worker(&s, 1);
-    let h = s
+    s.pause(&1);
+    let h2 = s
         .submit_with_state(1, |v: &mut Vec<u32>| {
             v.push(2);
             v.clone()
         })
         .unwrap();
+    let h3 = s
+        .submit_with_state(1, |v: &mut Vec<u32>| {
+            v.push(3);
+            v.clone()
+        })
+        .unwrap();
     let back = s.cancel_key(&1);
-    drop(gate);
-    assert_eq!(back.len(), 1);
-    for p in back {
-        p.run();
-    }
-    assert_eq!(h.join().unwrap(), [2]);
+    assert_eq!(back.len(), 2);
+    let mut back = back.into_iter();
+    back.next().unwrap().run();
+    assert_eq!(h2.join().unwrap(), [1, 2], "the key's state, live");
+    assert!(s.key_stats(&1).unwrap().paused, "still paused");
+    s.resume(&1);
+    // A running task of the key: the handed-back one waits for it.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let blocker = s
+        .submit_with_state(1, move |v: &mut Vec<u32>| {
+            v.push(4);
+            rx.recv().ok();
+            v.push(5);
+        })
+        .unwrap();
+    assert!(wait_until(LONG, || s
+        .key_stats(&1)
+        .is_some_and(|st| st.running)));
+    let third = back.next().unwrap();
+    let runner = std::thread::spawn(move || third.run());
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!h3.is_finished(), "exclusive with the key's running task");
+    tx.send(()).unwrap();
+    blocker.join().unwrap();
+    runner.join().unwrap();
+    assert_eq!(h3.join().unwrap(), [1, 2, 4, 5, 3]);
+    let later = s
+        .submit_with_state(1, |v: &mut Vec<u32>| v.clone())
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!(later, [1, 2, 4, 5, 3], "the key's tasks see what it did");
     drop(s);
-    let log = log.lock().unwrap();
-    assert!(log.iter().any(|l| l == "release 1 [2]"), "{log:?}");
-    assert!(log.iter().any(|l| l == "release 1 [1]"), "{log:?}");
+    assert_eq!(releases(&log, 1), ["release 1 [1, 2, 4, 5, 3]"]);
+    assert_eq!(count(&log, "init 1"), 1);
+}
+
+#[test]
+fn a_state_task_handed_back_by_cancel_key_after_its_key_was_released_gets_a_fresh_state() {
+    let log = Log::default();
+    let s = ledger(&log, Duration::from_millis(10));
+    s.submit_with_state(1, |v: &mut Vec<u32>| v.push(0))
+        .unwrap()
+        .join()
+        .unwrap();
+    s.pause(&1);
+    let h = s
+        .submit_with_state(1, |v: &mut Vec<u32>| {
+            v.push(1);
+            v.clone()
+        })
+        .unwrap();
+    let back = s.cancel_key(&1);
+    assert_eq!(back.len(), 1);
+    s.resume(&1);
+    assert!(wait_until(LONG, || releases(&log, 1).len() == 1));
+    assert!(wait_until(LONG, || s.key_stats(&1).is_none()));
+    back.into_iter().for_each(|p| p.run());
+    assert_eq!(h.join().unwrap(), [1], "a fresh state from init");
+    assert!(wait_until(LONG, || releases(&log, 1).len() == 2));
+    drop(s);
+    assert_eq!(releases(&log, 1), ["release 1 [0]", "release 1 [1]"]);
+    assert_eq!(count(&log, "init 1"), 2);
+}
+
+#[test]
+fn a_handed_back_state_task_run_inside_its_own_keys_task_fails_instead_of_hanging() {
+    let log = Log::default();
+    let s = Arc::new(ledger(&log, LONG));
+    s.pause(&1);
+    let h = s
+        .submit_with_state(1, |v: &mut Vec<u32>| v.push(1))
+        .unwrap();
+    let back = s.cancel_key(&1);
+    s.resume(&1);
+    let inner = s
+        .submit_with_state(1, move |_: &mut Vec<u32>| {
+            back.into_iter().for_each(|p| p.run());
+        })
+        .unwrap();
+    inner.join().unwrap();
+    assert!(matches!(h.join(), Err(TaskError::Panicked(_))));
 }
 
 #[test]

@@ -13,13 +13,10 @@ use std::ptr::NonNull;
 use std::time::Duration;
 
 use super::Serializer;
-use crate::key::KeyEntry;
-use crate::key_control::Held;
+use crate::key_control::{running_direct, Held};
 use crate::lane_task::LaneTask;
 use crate::pending::PendingTask;
-use crate::shared::Shared;
 use crate::stats::KeyStats;
-use crate::sync::Ordering;
 use crate::task::TaskRef;
 use crate::user;
 
@@ -236,7 +233,7 @@ where
             e.value().control.unhold(); // released under us: again, on its new entry
         };
         let ks = entry.value();
-        let on_owner = self.owns_chain_here(entry);
+        let on_owner = crate::key_control::owns_chain_here(sh, entry);
         let on_worker = crate::worker::on_worker_of(sh.id());
         // SAFETY: `entry` is our table's, kept allocated by `guard`.
         let held = unsafe { crate::key_control::hold_chain(sh, entry, on_owner, on_worker) };
@@ -338,7 +335,7 @@ where
             .chain(from_lane.into_iter().map(LaneTask::into_task))
         {
             match user::catch(|| key.clone()) {
-                Ok(k) => out.push(PendingTask::new(Some(k), t).with_state_hooks(sh.state_hooks())),
+                Ok(k) => out.push(PendingTask::new(Some(k), t).with_key_state(&self.shared)),
                 Err(payload) => {
                     sh.count_dropped_outside(1);
                     sh.release_slot();
@@ -353,33 +350,4 @@ where
         crate::trace::control(sh.labeler(), "cancel_key", key, || hash, out.len());
         out
     }
-
-    /// Whether the calling thread is one of our workers, inside a task of `entry`'s chain.
-    fn owns_chain_here(&self, entry: &KeyEntry<K>) -> bool {
-        let sh = &*self.shared;
-        let Some((slot, _)) = crate::worker::current_worker::<K>(sh.id()) else {
-            return false;
-        };
-        let slot = &sh.slots()[slot];
-        slot.phase.is_running()
-            && slot.current.load(Ordering::Relaxed) == entry as *const KeyEntry<K> as usize
-    }
-}
-
-/// Whether a worker runs a task of key hash `hash` straight from lane `l` (a lane's word says
-/// so while its owner is inside a task) or from a deferral (its slot says so).
-fn running_direct<K>(sh: &Shared<K>, l: usize, hash: u64) -> bool
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-{
-    sh.lanes()
-        .get(l)
-        .word
-        .watch()
-        .is_some_and(|w| w.key_hash() == hash as usize)
-        || sh.slots().iter().any(|s| {
-            s.phase.is_running()
-                && s.current.load(Ordering::Relaxed) == 0
-                && s.direct_hash.load(Ordering::Relaxed) == hash | 1
-        })
 }

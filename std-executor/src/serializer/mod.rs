@@ -290,8 +290,8 @@ where
     /// [`submit`](Self::submit) does.
     ///
     /// A handed-back state task (from [`shutdown_now`](Self::shutdown_now) or
-    /// [`cancel_key`](Self::cancel_key)) runs, when its [`PendingTask`] is run, against a
-    /// fresh state made by `init` for it, released through the hook right after. Futures do not
+    /// [`cancel_key`](Self::cancel_key)) runs, when its [`PendingTask`] is run, against its
+    /// key's state (see [`PendingTask::run`] for the details). Futures do not
     /// take state: a state task can hand what a future needs to `submit_async` (clone it out).
     ///
     /// # Errors

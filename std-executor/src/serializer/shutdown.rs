@@ -3,6 +3,7 @@
 
 use std::hash::Hash;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keyserial_core::lane::Phase as LanePhase;
@@ -14,11 +15,42 @@ use crate::key::{KeyEntry, Runnable};
 use crate::lanes::STOPPER;
 use crate::pending::PendingTask;
 use crate::phase::Stopped;
+use crate::state_hold::KeyStateHold;
 use crate::sync::Ordering;
 use crate::task::{Abandon, Job, Kind, TaskRef};
 use crate::worker;
 
 use super::Serializer;
+
+/// `shutdown_now`'s holders of key state, by key hash (`state_hold.rs`).
+struct Holds<K>(std::collections::HashMap<u64, Vec<Arc<KeyStateHold<K>>>>);
+
+impl<K> Default for Holds<K> {
+    fn default() -> Self {
+        Holds(std::collections::HashMap::new())
+    }
+}
+
+impl<K: Eq> Holds<K> {
+    fn add(&mut self, hash: u64, h: Arc<KeyStateHold<K>>) {
+        self.0.entry(hash).or_default().push(h);
+    }
+
+    /// `key`'s holder (`Some(None)`: none); `None` if the key's `Eq` panicked.
+    fn find(&self, hash: u64, key: &K) -> Option<Option<Arc<KeyStateHold<K>>>> {
+        let Some(list) = self.0.get(&hash) else {
+            return Some(None);
+        };
+        crate::user::catch(|| list.iter().find(|h| h.key() == key).cloned()).ok()
+    }
+}
+
+/// Gives each of `tasks` (one key's) a reference to the key's holder.
+fn attach<K>(tasks: &mut [PendingTask<K>], h: &Arc<KeyStateHold<K>>) {
+    for p in tasks {
+        p.set_hold(h);
+    }
+}
 
 impl<K, S> Serializer<K, S>
 where
@@ -85,31 +117,36 @@ where
         // 1. Workers: stop each one; steal the chains of those inside a task (phase.rs). Every
         //    worker is stopped before any chain is drained: a worker routing a lane's items
         //    pushes onto chains until it stops.
-        let stolen: Vec<NonNull<KeyEntry<K>>> = sh
+        let mut holds = Holds::default();
+        let stolen: Vec<(usize, NonNull<KeyEntry<K>>)> = sh
             .slots()
             .iter()
-            .filter(|slot| slot.phase.stop() == Stopped::Stole)
-            .filter_map(|slot| NonNull::new(slot.current.load(Ordering::Relaxed) as *mut _))
+            .enumerate()
+            .filter(|(_, slot)| slot.phase.stop() == Stopped::Stole)
+            .filter_map(|(i, slot)| {
+                NonNull::new(slot.current.load(Ordering::Relaxed) as *mut _).map(|e| (i, e))
+            })
             .collect();
-        for e in stolen {
-            // Its worker is still inside a task of the chain (perhaps holding the key's state):
-            // the queued tasks are handed back, but the entry and its state are left alone (freed
-            // with the table, after every worker is gone).
-            self.drain_queued_into(e, &mut out);
+        for (i, e) in stolen {
+            // Its worker is still inside a task of the chain (perhaps using the key's state):
+            // the queued tasks are handed back, the entry is left alone (freed with the table,
+            // after every worker is gone), and its state comes to the key's handed-back tasks
+            // once the task returned (`state_hold.rs`).
+            self.drain_queued_into(e, i, &mut out, &mut holds);
         }
         // What workers handed back of the chains they held (they do so before going idle,
         // which `stop` waited for).
         out.append(&mut sh.lifecycle().take_handed_back());
         // 2. Chains parked on permits or a pause, then those parked on their head future.
         for e in crate::permits::steal_all(sh) {
-            self.drain_into(e, &mut out);
+            self.drain_into(e, &mut out, &mut holds);
         }
         for e in self.steal_parked_futures() {
-            self.drain_into(e, &mut out);
+            self.drain_into(e, &mut out, &mut holds);
         }
         // 3. Every queue.
         let mut take = |r| match r {
-            Runnable::Chain(e) => self.drain_into(e, &mut out),
+            Runnable::Chain(e) => self.drain_into(e, &mut out, &mut holds),
             Runnable::Task(t) => out.push(PendingTask::new(None, t)),
         };
         while let Some(r) = worker::steal_into(|| sh.global().steal()) {
@@ -165,6 +202,12 @@ where
             }
         }
         sh.sleep().wake_all();
+        // 6. Key state: the handed-back tasks of a key share its state (`state_hold.rs`).
+        let out = if sh.state_hooks().on {
+            self.hold_lane_states(out, &mut holds)
+        } else {
+            out
+        };
         out.into_iter()
             .map(|p| p.with_state_hooks(sh.state_hooks()))
             .collect()
@@ -196,26 +239,134 @@ where
         stolen
     }
 
+    /// `shutdown_now`'s last step, with key state: the tasks handed back from lanes and
+    /// deferrals (not from the key's chain, whose holder `drain_into` made) join their key's
+    /// holder; a key without one gets one, with the state of its idle entry if it has one
+    /// (claimed and released here), else none yet (its first state task makes it). A key
+    /// whose `Hash`, `Eq` or `Clone` panics here gets no holder: its state tasks run against
+    /// fresh states (`PendingTask::run`).
+    fn hold_lane_states(
+        &self,
+        out: Vec<PendingTask<K>>,
+        holds: &mut Holds<K>,
+    ) -> Vec<PendingTask<K>> {
+        let sh = &*self.shared;
+        let guard = sh.pin();
+        out.into_iter()
+            .map(|p| {
+                let Some(key) = p.key().filter(|_| !p.is_backed()) else {
+                    return p;
+                };
+                let Ok(hash) = crate::user::catch(|| sh.hash_of(key)) else {
+                    return p;
+                };
+                match holds.find(hash, key) {
+                    Some(Some(h)) => return p.with_hold(&h),
+                    Some(None) => {}
+                    None => return p, // its `Eq` panicked
+                }
+                let state = crate::user::catch(|| sh.table().get(key, &guard))
+                    .ok()
+                    .flatten()
+                    .and_then(|e| self.take_idle_state(e));
+                if state.is_none() && !p.is_state_task() {
+                    return p; // no state to keep alive, none to make
+                }
+                let Ok(k) = crate::user::catch(|| key.clone()) else {
+                    if let Some(st) = state {
+                        sh.state_hooks().release(key, st);
+                    }
+                    return p;
+                };
+                let h = KeyStateHold::new(k, sh.state_hooks(), state, None);
+                holds.add(hash, h.clone());
+                p.with_hold(&h)
+            })
+            .collect()
+    }
+
+    /// The state of `entry`, an idle key's: claims its chain (waiting a little for a holder
+    /// about to let go, such as an exiting worker's reaper, which may release the state first),
+    /// takes the state, then releases and retires the key.
+    fn take_idle_state(&self, entry: &KeyEntry<K>) -> Option<crate::state::Erased> {
+        let ks = entry.value();
+        let backoff = crossbeam_utils::Backoff::new();
+        let deadline = Instant::now() + Duration::from_millis(100);
+        loop {
+            if ks.chain.is_retired() || Instant::now() > deadline {
+                return None;
+            }
+            if ks.chain.try_claim() {
+                break;
+            }
+            crate::sync::snooze(&backoff);
+        }
+        // SAFETY: the claim made us the owner.
+        let state = unsafe { ks.state.take() };
+        // SAFETY: we own the (empty: claimed idle) chain of an entry of our table.
+        unsafe { crate::idle::release_drained(&self.shared, NonNull::from(entry)) };
+        state
+    }
+
     /// `drain_into` for a chain taken from a worker still inside one of its tasks: hands back
     /// what is queued and leaves the chain, its entry and its state as they are.
-    fn drain_queued_into(&self, e: NonNull<KeyEntry<K>>, out: &mut Vec<PendingTask<K>>) {
+    /// With key state, the key's holder is lent: the worker of slot `slot` gives the state to
+    /// it when its task returns (`state_hold.rs`); made even if nothing is handed back, so that
+    /// the state still goes through the hook (when the worker drops the holder).
+    fn drain_queued_into(
+        &self,
+        e: NonNull<KeyEntry<K>>,
+        slot: usize,
+        out: &mut Vec<PendingTask<K>>,
+        holds: &mut Holds<K>,
+    ) {
         // SAFETY: `phase.stop` gave us the chain's baton (`Stopped::Stole`), and the entry is
         // not freed while the worker runs: nobody retires it (we do not, below).
         let entry = unsafe { e.as_ref() };
         let mut tasks = Vec::new();
         // SAFETY: as above.
         unsafe { drain_chain(entry, &mut tasks) };
+        let start = out.len();
         self.hand_back_drained(entry, tasks, out);
+        let sh = &*self.shared;
+        if sh.state_hooks().on {
+            let Ok(key) = crate::user::catch(|| entry.key().clone()) else {
+                return; // its state stays with the worker, and goes with the table
+            };
+            let lent = &sh.slots()[slot].lent;
+            let h = crate::state_hold::take_lent(lent, key, sh.state_hooks(), sh.id(), slot);
+            attach(&mut out[start..], &h);
+            // Also for the key's tasks still in its lane, handed back later.
+            holds.add(entry.hash(), h);
+        }
     }
 
-    fn drain_into(&self, e: NonNull<KeyEntry<K>>, out: &mut Vec<PendingTask<K>>) {
+    /// With key state, the key's state goes to a holder shared by its handed-back tasks, if
+    /// there are any (`state_hold.rs`); else it is released here, with the key.
+    fn drain_into(
+        &self,
+        e: NonNull<KeyEntry<K>>,
+        out: &mut Vec<PendingTask<K>>,
+        holds: &mut Holds<K>,
+    ) {
         // SAFETY: the caller took the chain's baton (stolen from a worker, a permit wait or a
         // ready queue), so the entry is alive and the chain is ours.
         let entry = unsafe { e.as_ref() };
         let mut tasks = Vec::new();
         // SAFETY: as above.
         unsafe { drain_chain(entry, &mut tasks) };
+        let start = out.len();
         self.hand_back_drained(entry, tasks, out);
+        let sh = &*self.shared;
+        if sh.state_hooks().on && out.len() > start {
+            if let Ok(key) = crate::user::catch(|| entry.key().clone()) {
+                // SAFETY: as above: the chain (and so the key's state) is ours.
+                let state = unsafe { entry.value().state.take() };
+                let h = KeyStateHold::new(key, sh.state_hooks(), state, None);
+                attach(&mut out[start..], &h);
+                holds.add(entry.hash(), h);
+            }
+        }
         // SAFETY: as above: we own the drained chain, and it is an entry of our table.
         unsafe { crate::idle::release_drained(&self.shared, e) };
     }

@@ -182,13 +182,36 @@ where
             ran += 1;
             match self.slot.phase.leave_running() {
                 AfterTask::Continue => {}
-                AfterTask::Stolen => return After::Exit, // the chain is not ours any more
+                AfterTask::Stolen => {
+                    // The chain is not ours any more; the key's state goes to its handed-back
+                    // tasks.
+                    self.stolen_state(entry_ptr);
+                    return After::Exit;
+                }
                 AfterTask::HandBack => {
                     // STOP without STOLEN: the chain is still ours; as above.
                     self.shared.global().push(Runnable::Chain(entry_ptr));
                     return After::Exit;
                 }
             }
+        }
+    }
+}
+
+impl<K> WorkerLoop<'_, K>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// `shutdown_now` stole `entry`'s chain while this worker was inside one of its tasks,
+    /// which has now returned: the key's state goes to the key's handed-back tasks, through
+    /// this slot (`state_hold.rs`, "A state lent to a running task").
+    fn stolen_state(&self, entry: NonNull<KeyEntry<K>>) {
+        if self.shared.state_hooks().on {
+            // SAFETY: the thief (`shutdown_now`) holds the baton but never touches a stolen
+            // chain's state, and the task that used it has returned: we are its last user. The
+            // entry stays allocated (a stolen chain is never retired).
+            let state = unsafe { entry.as_ref().value().state.take() };
+            crate::state_hold::worker_returns(&self.slot.lent, state);
         }
     }
 }
@@ -278,7 +301,10 @@ where
             crate::user::drop_quietly(unsafe { task.into_job::<AsyncJob<K>>() });
             return match after {
                 AfterTask::Continue => Polled::Again,
-                AfterTask::Stolen => Polled::Exit,
+                AfterTask::Stolen => {
+                    self.stolen_state(entry_ptr);
+                    Polled::Exit
+                }
                 AfterTask::HandBack => {
                     self.shared.global().push(Runnable::Chain(entry_ptr));
                     Polled::Exit
@@ -294,6 +320,8 @@ where
             unsafe { task.into_job::<AsyncJob<K>>() }.abandon(Abandon::Cancelled);
             if after == AfterTask::HandBack {
                 self.shared.global().push(Runnable::Chain(entry_ptr));
+            } else {
+                self.stolen_state(entry_ptr);
             }
             return Polled::Exit;
         }

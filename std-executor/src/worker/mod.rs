@@ -54,6 +54,12 @@ pub(crate) fn current_worker<K>(id: usize) -> Option<(usize, &'static Worker<Run
 }
 
 /// `true` if this thread is a worker of serializer `id`.
+/// The slot of the worker of serializer `id` running on this thread, if any.
+pub(crate) fn current_slot(id: usize) -> Option<usize> {
+    let (sid, slot, deque) = CURRENT.with(Cell::get);
+    (sid == id && !deque.is_null()).then_some(slot)
+}
+
 pub(crate) fn on_worker_of(id: usize) -> bool {
     CURRENT.with(Cell::get).0 == id
 }
