@@ -29,7 +29,7 @@ use crate::claims::Claim;
 use std::future::Future;
 
 use crate::error::{RejectReason, Rejected};
-use crate::future_task::AsyncJob;
+use crate::future_task;
 use crate::handle::{JoinState, OriginCheck, TaskHandle};
 use crate::key::{KeyState, Runnable};
 use crate::key_budget::{KeyBudget, KeyShare};
@@ -113,11 +113,7 @@ where
         let traced = crate::trace::origin(sh.labeler(), Some(&key), |k| sh.hash_of(k));
         self.admit(Some(key), Kind::Future, Mode::Block, |_| {
             let fut = crate::trace::wrap_future(traced, slot.take().expect("built once"));
-            LaneTask::node(TaskRef::new(
-                AsyncJob::<K>::new(fut, None),
-                Kind::Future,
-                None,
-            ))
+            LaneTask::node(future_task::make::<_, K>(fut, None))
         })
         .map_err(|reason| Rejected {
             reason,
@@ -146,8 +142,7 @@ where
             let state = JoinState::new(origin.take().unwrap_or_default());
             handle = Some(TaskHandle::new(state.clone()));
             let fut = crate::trace::wrap_future(traced, slot.take().expect("built once"));
-            let job = AsyncJob::<K>::new(fut, Some(state));
-            LaneTask::node(TaskRef::new(job, Kind::Future, None))
+            LaneTask::node(future_task::make::<_, K>(fut, Some(state)))
         })
         .map(|()| handle.take().expect("handle made with the task"))
         .map_err(|reason| Rejected {

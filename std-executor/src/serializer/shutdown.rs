@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use keyserial_core::lane::Phase as LanePhase;
 
 use crate::deferral::Deferral;
-use crate::future_task::AsyncJob;
 use crate::key::drain_chain;
 use crate::key::{KeyEntry, Runnable};
 use crate::lanes::STOPPER;
@@ -17,7 +16,7 @@ use crate::pending::PendingTask;
 use crate::phase::Stopped;
 use crate::state_hold::KeyStateHold;
 use crate::sync::Ordering;
-use crate::task::{Abandon, Job, Kind, TaskRef};
+use crate::task::{Abandon, Kind, TaskRef};
 use crate::worker;
 
 use super::Serializer;
@@ -402,14 +401,12 @@ where
         if t.kind() != Kind::Future {
             return Some(t);
         }
-        // SAFETY: nodes of kind `Future` are made only by `submit_async` / `execute_async`, from
-        // an `AsyncJob<K>`, with no permit request.
-        if !unsafe { t.job_ref::<AsyncJob<K>>() }.started() {
+        // SAFETY: nodes of kind `Future` are made only by `future_task::make::<_, K>`.
+        if !unsafe { crate::future_task::head_of::<K>(&t) }.started() {
             return Some(t); // never polled: handed back
         }
         self.shared.count_completed_outside();
-        // SAFETY: as above.
-        unsafe { t.into_job::<AsyncJob<K>>() }.abandon(Abandon::Cancelled);
+        t.abandon(Abandon::Cancelled);
         None
     }
 

@@ -145,9 +145,11 @@ where
 }
 
 /// Runs a node's job, given the permits it holds and the completion hook.
-type RunFn = unsafe fn(NonNull<Header>, Option<Permit>, &dyn Fn(bool)) -> bool;
+pub(crate) type RunFn = unsafe fn(NonNull<Header>, Option<Permit>, &dyn Fn(bool)) -> bool;
 
-struct VTable {
+/// What a node's type does (one table per job type; a future's node has its own, made by
+/// [`VTable::managed`]).
+pub(crate) struct VTable {
     run: RunFn,
     abandon: unsafe fn(NonNull<Header>, Abandon),
     fail: unsafe fn(NonNull<Header>, Payload),
@@ -157,6 +159,34 @@ struct VTable {
     granted: unsafe fn(NonNull<Header>) -> Option<NonNull<Option<Permit>>>,
     /// The node is a `Node<J, Gated>` (else a `Node<J, ()>`).
     gated: bool,
+}
+
+impl VTable {
+    /// The table of a node that manages its own job and memory (a future's, `future_task.rs`,
+    /// whose memory outlives the job while wakers refer to it): `run`, `abandon` and `fail`
+    /// each end the job and give up the node; it asks for no permits.
+    pub(crate) const fn managed(
+        run: RunFn,
+        abandon: unsafe fn(NonNull<Header>, Abandon),
+        fail: unsafe fn(NonNull<Header>, Payload),
+    ) -> VTable {
+        VTable {
+            run,
+            abandon,
+            fail,
+            permits: no_permits,
+            granted: no_granted,
+            gated: false,
+        }
+    }
+}
+
+unsafe fn no_permits(_: NonNull<Header>) -> Option<(Semaphore, usize)> {
+    None
+}
+
+unsafe fn no_granted(_: NonNull<Header>) -> Option<NonNull<Option<Permit>>> {
+    None
 }
 
 struct VTableOf<J, X>(std::marker::PhantomData<(J, X)>);
@@ -178,6 +208,17 @@ pub(crate) struct Header {
     link: Link,
     vtable: &'static VTable,
     kind: Kind,
+}
+
+impl Header {
+    /// The header of a node with its own table ([`VTable::managed`]).
+    pub(crate) fn new(vtable: &'static VTable, kind: Kind) -> Header {
+        Header {
+            link: Link::new(),
+            vtable,
+            kind,
+        }
+    }
 }
 
 // SAFETY: `link` is the first field of a `repr(C)` struct, so the casts are exact inverses;
@@ -301,6 +342,11 @@ impl TaskRef {
         p
     }
 
+    /// The node, still owned by `self` (for a node kind that knows its own layout).
+    pub(crate) fn as_ptr(&self) -> NonNull<Header> {
+        self.0
+    }
+
     fn header(&self) -> &Header {
         // SAFETY: we own a live node.
         unsafe { self.0.as_ref() }
@@ -375,20 +421,6 @@ impl TaskRef {
                 take_node::<J, ()>(p).job
             }
         }
-    }
-
-    /// The job of a node, in place (the node stays the caller's, and where it is).
-    ///
-    /// # Safety
-    /// `J` is the job type the node was created with, and the node carries no permit request.
-    pub(crate) unsafe fn job_ref<J: Job>(&self) -> &J {
-        debug_assert!(
-            !self.header().vtable.gated,
-            "a gated node's job is not in place here"
-        );
-        // SAFETY: per the contract the node is a live `Node<J, ()>` we own; the borrow is tied
-        // to `&self`.
-        unsafe { &self.0.cast::<Node<J, ()>>().as_ref().job }
     }
 
     /// Frees the node without running it, resolving its handle `Panicked` with `payload`: user

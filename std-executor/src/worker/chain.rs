@@ -9,7 +9,7 @@
 //! then it keeps draining). After a release, the key's idle bookkeeping runs (`idle.rs`) under an
 //! epoch guard taken *before* the release, since the entry may be retired by others from then on.
 
-use crate::future_task::{AsyncJob, WakeState};
+use crate::future_task::{self, WakeState};
 use std::ptr::NonNull;
 
 use super::{After, WorkerLoop};
@@ -17,7 +17,7 @@ use crate::key::{KeyEntry, Runnable};
 use crate::permits::PermitOutcome;
 use crate::phase::AfterTask;
 use crate::sync::Ordering;
-use crate::task::{Abandon, Job, Kind, TaskRef};
+use crate::task::{Abandon, Kind, TaskRef};
 
 impl<K> WorkerLoop<'_, K>
 where
@@ -242,9 +242,8 @@ where
         // We own the chain: its head future is ours to poll, not parked any more.
         ks.parked_future
             .store(std::ptr::null_mut(), Ordering::Relaxed);
-        // SAFETY: nodes of kind `Future` are made only by `submit_async` / `execute_async`,
-        // from an `AsyncJob<K>`, with no permit request.
-        let job = unsafe { task.job_ref::<AsyncJob<K>>() };
+        // SAFETY: nodes of kind `Future` are made only by `future_task::make::<_, K>`.
+        let job = unsafe { future_task::head_of::<K>(&task) };
         let first = !job.started();
         if first && ks.control.is_paused() {
             // Paused before it started: back at the head, unstarted, and the chain parks
@@ -297,8 +296,7 @@ where
         if polled.is_ready() {
             ks.seen.set_running(false);
             job.state().finish();
-            // SAFETY: as above.
-            crate::user::drop_quietly(unsafe { task.into_job::<AsyncJob<K>>() });
+            future_task::finish_completed::<K>(task);
             return match after {
                 AfterTask::Continue => Polled::Again,
                 AfterTask::Stolen => {
@@ -316,8 +314,7 @@ where
             // cancelled (it ended, for the counters).
             ks.seen.set_running(false);
             self.finish_task(false);
-            // SAFETY: as above.
-            unsafe { task.into_job::<AsyncJob<K>>() }.abandon(Abandon::Cancelled);
+            task.abandon(Abandon::Cancelled);
             if after == AfterTask::HandBack {
                 self.shared.global().push(Runnable::Chain(entry_ptr));
             } else {
