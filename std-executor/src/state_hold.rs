@@ -397,4 +397,36 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn a_state_task_run_waits_for_the_lent_state_and_the_hook_sees_what_it_did() {
+        use crate::task::{Detached, Kind};
+        let released = Arc::new(AtomicUsize::new(0));
+        let hooks = hooks(released.clone());
+        let lent: Mutex<Lent<u32>> = Mutex::new(Lent::Empty);
+        let h = take_lent(&lent, 1, &hooks, 0, 0);
+        let saw = Arc::new(AtomicUsize::new(0));
+        let w = saw.clone();
+        let job = Detached(move || {
+            crate::state::with_current(|st: &mut u32| {
+                w.store(*st as usize, SeqCst);
+                *st += 1;
+            })
+        });
+        let task =
+            crate::PendingTask::new(Some(1), TaskRef::new(job, Kind::State, None)).with_hold(&h);
+        drop(h);
+        std::thread::scope(|s| {
+            let runner = s.spawn(move || task.run()); // waits while the state is lent
+            worker_returns(&lent, Some(Box::new(5u32)));
+            runner.join().unwrap();
+        });
+        assert_eq!(saw.load(SeqCst), 5, "ran against the returned state");
+        assert_eq!(
+            released.load(SeqCst),
+            6,
+            "released once, as the task left it"
+        );
+        assert!(matches!(*lock(&lent), Lent::Empty));
+    }
 }
