@@ -270,6 +270,7 @@ pub mod loom_api {
     pub use crate::semaphore::loom_hooks as semaphore;
     pub use crate::slab::{free_one, Bump, Freer, SLAB};
     pub use crate::sleep::{Idle, Sleep};
+    pub use crate::state_hold::loom_hooks as state_hold;
     pub use crate::supervisor::stamp_expired;
     pub use crate::sync::{Parker, Unparker};
 }

@@ -43,6 +43,9 @@
 //! handed-back state task of the same key (the holder's lock is not re-entrant). A worker whose
 //! task never returns never gives the state back; its key's handed-back state tasks then wait
 //! with it (documented on `PendingTask::run`).
+//!
+//! Loom: `loom/tests/state_hold.rs` (the hand-over in either order, a run waiting for the lent
+//! state, the last-drop race), over the real types through `loom_hooks` (`cfg(loom)` only).
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -221,6 +224,123 @@ pub(crate) fn take_lent<K: Clone + 'static>(
     }
 }
 
+/// The holder and a worker slot's [`Lent`] for the loom models (`loom/tests/state_hold.rs`),
+/// over the real types, for `u32` keys and `u32` states: thin wrappers that only box and unbox
+/// the state, so that the models need none of the crate's private types.
+#[cfg(loom)]
+pub mod loom_hooks {
+    use std::sync::Arc;
+
+    use super::{KeyStateHold, Lent};
+    use crate::pending::PendingTask;
+    use crate::state::{Erased, StateHooks};
+    use crate::sync::{lock, Mutex};
+    use crate::task::{Detached, Kind, TaskRef};
+
+    /// The serializer id and slot a lent holder names: no loom thread is a worker (the
+    /// worker's thread-local slot is unset), so a run never takes itself for the key's task.
+    const LENT_TO: (usize, usize) = (0, 0);
+
+    /// `Builder::key_state`'s `init` and `on_key_release`'s hook, for `u32` states.
+    pub struct Hooks(StateHooks<u32>);
+
+    impl Hooks {
+        /// `init(key)` makes a key's state; `release(key, state)` is the release hook.
+        pub fn new(
+            init: impl Fn(u32) -> u32 + Send + Sync + 'static,
+            release: impl Fn(u32, u32) + Send + Sync + 'static,
+        ) -> Hooks {
+            Hooks(StateHooks {
+                init: Arc::new(move |k: &u32| -> Erased { Box::new(init(*k)) }),
+                release: Some(Arc::new(move |k, st: Erased| {
+                    release(k, *st.downcast::<u32>().expect("a u32 state"))
+                })),
+                on: true,
+            })
+        }
+    }
+
+    /// A worker slot's side of a lent state (`Slot::lent`).
+    pub struct Slot(Mutex<Lent<u32>>);
+
+    /// What a slot holds, as the models see it.
+    #[derive(Debug, PartialEq, Eq)]
+    pub enum SlotIs {
+        /// `Lent::Empty`.
+        Empty,
+        /// `Lent::Waiting`: a holder waits for the state.
+        Waiting,
+        /// `Lent::Returned` with this state.
+        Returned(Option<u32>),
+    }
+
+    impl Slot {
+        /// A slot with nothing lent (`Lent::Empty`), as a worker's slot starts.
+        #[allow(clippy::new_without_default)]
+        pub fn new() -> Slot {
+            Slot(Mutex::new(Lent::Empty))
+        }
+
+        /// What the slot holds now.
+        pub fn is(&self) -> SlotIs {
+            match &*lock(&self.0) {
+                Lent::Empty => SlotIs::Empty,
+                Lent::Waiting(_) => SlotIs::Waiting,
+                Lent::Returned(st) => SlotIs::Returned(st.as_ref().map(unbox)),
+            }
+        }
+    }
+
+    fn unbox(st: &Erased) -> u32 {
+        *st.downcast_ref::<u32>().expect("a u32 state")
+    }
+
+    /// A key's holder, as `shutdown_now` keeps it (one `Arc`).
+    #[derive(Clone)]
+    pub struct Hold(Arc<KeyStateHold<u32>>);
+
+    impl Hold {
+        /// A holder of `state` (`shutdown_now` for a chain it drained: nothing lent).
+        pub fn new(key: u32, hooks: &Hooks, state: Option<u32>) -> Hold {
+            let state = state.map(|s| Box::new(s) as Erased);
+            Hold(KeyStateHold::new(key, &hooks.0, state, None))
+        }
+
+        /// The state it holds now, and whether it is still lent to a worker.
+        pub fn peek(&self) -> (Option<u32>, bool) {
+            let i = lock(&self.0.inner);
+            (i.state.as_ref().map(unbox), i.lent.is_some())
+        }
+
+        /// A handed-back state task of the key (as `shutdown_now` attaches it to the holder):
+        /// run, it calls `f` with the key's state (`submit_with_state`'s closure).
+        pub fn state_task(&self, f: impl FnOnce(&mut u32) + Send + 'static) -> PendingTask<u32> {
+            let job = Detached(move || crate::state::with_current(f));
+            let task = TaskRef::new(job, Kind::State, None);
+            PendingTask::new(Some(*self.0.key()), task).with_hold(&self.0)
+        }
+
+        /// A handed-back plain task of the key (it keeps the holder alive, and does not lock it).
+        pub fn plain_task(&self, f: impl FnOnce() + Send + 'static) -> PendingTask<u32> {
+            let task = TaskRef::new(Detached(f), Kind::Plain, None);
+            PendingTask::new(Some(*self.0.key()), task).with_hold(&self.0)
+        }
+    }
+
+    /// [`worker_returns`](super::worker_returns): the worker whose task returned hands `state`
+    /// over through `slot`.
+    pub fn worker_returns(slot: &Slot, state: Option<u32>) {
+        super::worker_returns(&slot.0, state.map(|s| Box::new(s) as Erased));
+    }
+
+    /// [`take_lent`](super::take_lent): `shutdown_now` takes key `key`'s holder through `slot`.
+    pub fn take_lent(slot: &Slot, key: u32, hooks: &Hooks) -> Hold {
+        Hold(super::take_lent(
+            &slot.0, key, &hooks.0, LENT_TO.0, LENT_TO.1,
+        ))
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -276,5 +396,37 @@ mod tests {
                 "released once, by the last holder"
             );
         }
+    }
+
+    #[test]
+    fn a_state_task_run_waits_for_the_lent_state_and_the_hook_sees_what_it_did() {
+        use crate::task::{Detached, Kind};
+        let released = Arc::new(AtomicUsize::new(0));
+        let hooks = hooks(released.clone());
+        let lent: Mutex<Lent<u32>> = Mutex::new(Lent::Empty);
+        let h = take_lent(&lent, 1, &hooks, 0, 0);
+        let saw = Arc::new(AtomicUsize::new(0));
+        let w = saw.clone();
+        let job = Detached(move || {
+            crate::state::with_current(|st: &mut u32| {
+                w.store(*st as usize, SeqCst);
+                *st += 1;
+            })
+        });
+        let task =
+            crate::PendingTask::new(Some(1), TaskRef::new(job, Kind::State, None)).with_hold(&h);
+        drop(h);
+        std::thread::scope(|s| {
+            let runner = s.spawn(move || task.run()); // waits while the state is lent
+            worker_returns(&lent, Some(Box::new(5u32)));
+            runner.join().unwrap();
+        });
+        assert_eq!(saw.load(SeqCst), 5, "ran against the returned state");
+        assert_eq!(
+            released.load(SeqCst),
+            6,
+            "released once, as the task left it"
+        );
+        assert!(matches!(*lock(&lent), Lent::Empty));
     }
 }
