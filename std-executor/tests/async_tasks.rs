@@ -322,3 +322,59 @@ fn futures_block_on<F: Future>(fut: F) -> F::Output {
         std::thread::park();
     }
 }
+
+#[test]
+fn execute_async_runs_in_order_with_closures_and_shutdown_now_hands_back_or_drops_it() {
+    let s: Serializer<u32> = Builder::new().workers(1).build().unwrap();
+    let log: Arc<Mutex<Vec<&str>>> = Arc::default();
+    let (g, opener) = gate();
+    let l = log.clone();
+    s.execute_async(1, async move {
+        g.await;
+        l.lock().unwrap().push("future");
+    })
+    .unwrap();
+    let l = log.clone();
+    let closure = s
+        .submit(1, move || l.lock().unwrap().push("closure"))
+        .unwrap();
+    assert!(wait_until(secs(5), || opener.polls() == 1));
+    assert_eq!(s.stats().running, 1, "a pending future counts as running");
+    opener.open();
+    closure.join().unwrap();
+    assert_eq!(*log.lock().unwrap(), ["future", "closure"]);
+
+    // A started, pending one is dropped by shutdown_now; an unstarted one comes back and runs.
+    let dropped = Arc::new(AtomicUsize::new(0));
+    struct CountDrop(Arc<AtomicUsize>);
+    impl Drop for CountDrop {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+    let (g2, opener2) = gate();
+    let guard = CountDrop(dropped.clone());
+    s.execute_async(2, async move {
+        let _guard = guard;
+        g2.await;
+    })
+    .unwrap();
+    assert!(wait_until(secs(5), || opener2.polls() == 1));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    s.execute_async(2, async move {
+        r.fetch_add(1, SeqCst);
+    })
+    .unwrap();
+    let pending = s.shutdown_now();
+    assert_eq!(pending.len(), 1, "the unstarted future only");
+    assert_eq!(dropped.load(SeqCst), 1, "the started one was dropped");
+    for p in pending {
+        p.run();
+    }
+    assert_eq!(ran.load(SeqCst), 1);
+    opener2.open(); // its waker, after the drop: nothing
+    assert!(s.await_termination(secs(5)));
+    let err = s.execute_async(3, async {}).unwrap_err();
+    assert_eq!(err.reason, RejectReason::Shutdown);
+}
