@@ -190,11 +190,9 @@ where
 pub(crate) enum Held {
     /// The chain is retired (`shutdown_now` released the key): nothing to take.
     Retired,
-    /// The caller holds the chain's baton, taken from a parked wait or claimed idle; `future`:
-    /// the chain was parked for its head future, a started one, which must be polled again
-    /// (the caller puts the chain on a ready queue when done: a spurious wake, which futures
-    /// allow, and the chain parks anew with the future's next wait).
-    Baton { future: bool },
+    /// The caller holds the chain's baton, taken from a pause's or a permit's parked wait, or
+    /// claimed idle (never from a pending future, which is the key's running task).
+    Baton,
     /// The calling thread is the chain's owner, inside one of the key's tasks: it may take
     /// what is queued (the owner's loop pops again after the task returns).
     Mine,
@@ -240,7 +238,7 @@ where
             if let Some(w) = sh.permit_waits().get(id) {
                 if sh.permit_waits().steal_one(&w) {
                     ks.control.forget_wait();
-                    return Held::Baton { future: false };
+                    return Held::Baton;
                 }
             }
         } else if let Some(w) = sh
@@ -254,10 +252,10 @@ where
                 if let Some(token) = crate::sync::lock(&w.value().token).take() {
                     token.cancel(); // a late grant finds the wait stolen and gives back
                 }
-                return Held::Baton { future: false };
+                return Held::Baton;
             }
         } else if ks.chain.try_claim() {
-            return Held::Baton { future: false };
+            return Held::Baton;
         }
         if on_worker {
             // A worker must not wait for another worker (there may be none to come): it gives
@@ -373,8 +371,8 @@ where
             h => break h,
         }
     };
-    let future = match held {
-        Held::Baton { future } => future,
+    match held {
+        Held::Baton => {}
         Held::Busy if on_worker => {
             ks.control.unhold();
             return crate::state_hold::fail(
@@ -388,7 +386,7 @@ where
             ks.control.unhold();
             return crate::pending::run_fresh(hooks, key, task);
         }
-    };
+    }
     // We hold the baton and the key (its new plain items queue on the chain): wait for a plain
     // task of the key that runs straight from its lane or a deferral, if one does.
     let backoff = crossbeam_utils::Backoff::new();
@@ -398,7 +396,7 @@ where
         if on_worker && waited > ON_WORKER_TRIES {
             ks.control.unhold();
             // SAFETY: we hold the baton.
-            unsafe { give_back(sh, ptr, future) };
+            unsafe { give_back(sh, ptr) };
             return crate::state_hold::fail(
                 task,
                 "a state task handed back by cancel_key was run on a worker while its key \
@@ -407,9 +405,7 @@ where
         }
         crate::sync::snooze(&backoff);
     }
-    if !future {
-        ks.seen.set_running(true);
-    }
+    ks.seen.set_running(true);
     {
         // SAFETY: we hold the chain's baton: the key's state is ours to hand over.
         let slot = unsafe { ks.state.slot() };
@@ -420,16 +416,14 @@ where
         };
         crate::state::run_with(&mut source, || task.run(None, &|_| {}));
     }
-    if !future {
-        ks.seen.set_running(false);
-    }
+    ks.seen.set_running(false);
     ks.control.unhold();
     // SAFETY: we hold the baton.
-    unsafe { give_back(sh, ptr, future) };
+    unsafe { give_back(sh, ptr) };
 }
 
-/// [`run_handed_back`] gives the key's chain back: as `cancel_key` does (a started future's
-/// chain to a ready queue, a paused key's parked, else to a worker, which releases it), unless
+/// [`run_handed_back`] gives the key's chain back: as `cancel_key` does (a paused key's parked,
+/// else to a worker, which releases it), unless
 /// the serializer is shutting down: its workers may be gone (or leave once nothing is
 /// outstanding), so an empty chain is released here, its state through the hook; after
 /// `shutdown_now`, tasks routed onto it while we held it are cancelled (`shutdown_now` could not
@@ -437,17 +431,13 @@ where
 ///
 /// # Safety
 /// The caller holds `entry`'s chain baton.
-unsafe fn give_back<K>(sh: &Shared<K>, entry: NonNull<KeyEntry<K>>, future: bool)
+unsafe fn give_back<K>(sh: &Shared<K>, entry: NonNull<KeyEntry<K>>)
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
-    if future || !sh.lifecycle().is_shutdown() {
-        if future {
-            sh.schedule(Runnable::Chain(entry), None);
-        } else {
-            // SAFETY: the caller's contract.
-            unsafe { park_or_schedule(sh, entry) };
-        }
+    if !sh.lifecycle().is_shutdown() {
+        // SAFETY: the caller's contract.
+        unsafe { park_or_schedule(sh, entry) };
         return;
     }
     // SAFETY: we hold the baton, so the entry is alive.

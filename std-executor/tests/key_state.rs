@@ -284,16 +284,18 @@ fn shutdown_now_hands_back_the_keys_state_to_its_tasks_and_releases_it_after_the
         .unwrap();
     // A state task of key 1 holds its worker (and the key's state) through shutdown_now.
     let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (started_tx, started) = std::sync::mpsc::channel::<()>();
     let blocker = s
         .submit_with_state(1, move |v: &mut Vec<u32>| {
             v.push(2);
+            started_tx.send(()).unwrap();
             rx.recv().ok();
             v.push(3);
         })
         .unwrap();
-    assert!(wait_until(LONG, || s
-        .key_stats(&1)
-        .is_some_and(|st| st.running)));
+    // (Not `key_stats(&1).running`: the first task's flag may still be up a moment after its
+    // handle resolved.)
+    started.recv_timeout(LONG).unwrap();
     let h4 = s
         .submit_with_state(1, |v: &mut Vec<u32>| {
             v.push(4);
@@ -451,16 +453,16 @@ fn a_state_task_handed_back_by_cancel_key_runs_against_the_keys_live_state() {
     s.resume(&1);
     // A running task of the key: the handed-back one waits for it.
     let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (started_tx, started) = std::sync::mpsc::channel::<()>();
     let blocker = s
         .submit_with_state(1, move |v: &mut Vec<u32>| {
             v.push(4);
+            started_tx.send(()).unwrap();
             rx.recv().ok();
             v.push(5);
         })
         .unwrap();
-    assert!(wait_until(LONG, || s
-        .key_stats(&1)
-        .is_some_and(|st| st.running)));
+    started.recv_timeout(LONG).unwrap();
     let third = back.next().unwrap();
     let runner = std::thread::spawn(move || third.run());
     std::thread::sleep(Duration::from_millis(50));

@@ -245,22 +245,16 @@ where
         }
         let mut from_chain: Vec<TaskRef> = Vec::new();
         let mut from_lane: Vec<LaneTask> = Vec::new();
-        let mut future_head = None;
         // Everything of the key that has not started is now in the chain (ours to pop), the
         // lane's deferrals or the lane: take the lane, so that nothing moves meanwhile.
-        let drain_chain = |from_chain: &mut Vec<TaskRef>, future_head: &mut Option<TaskRef>| {
+        let drain_chain = |from_chain: &mut Vec<TaskRef>| {
             if matches!(held, Held::Retired) {
                 return;
             }
             // SAFETY: we hold the chain's baton, or are its owner inside its task.
             while let Some(n) = unsafe { ks.chain.pop() } {
                 // SAFETY: popped from a chain we own: ours.
-                let t = unsafe { TaskRef::from_raw(n) };
-                if matches!(held, Held::Baton { future: true }) && future_head.is_none() {
-                    *future_head = Some(t); // the key's running future: it stays
-                } else {
-                    from_chain.push(t);
-                }
+                from_chain.push(unsafe { TaskRef::from_raw(n) });
             }
         };
         let mut from_deferral: Vec<LaneTask> = Vec::new();
@@ -275,7 +269,7 @@ where
                     |item| item.key == *key,
                     |item| from_deferral.push(item.task),
                 );
-                drain_chain(&mut from_chain, &mut future_head);
+                drain_chain(&mut from_chain);
                 // SAFETY: `with_lane` made this thread the lane's owner; the closure takes
                 // tasks out in place and neither pops nor gives the lane up.
                 unsafe {
@@ -289,28 +283,20 @@ where
         });
         if walked.is_none() {
             // `shutdown_now` has the lanes (and hands back what they hold); the chain is ours.
-            drain_chain(&mut from_chain, &mut future_head);
+            drain_chain(&mut from_chain);
         }
         // Handed back in the key's order: chain, deferral, lane.
         from_deferral.append(&mut from_lane);
         let from_lane = from_deferral;
         ks.seen.left(from_chain.len());
-        // Give the chain back: a started future goes back to its head, polled again; a key
-        // paused by the user parks; otherwise a worker releases the (empty) chain.
-        if let Some(f) = future_head {
-            // SAFETY: we hold the baton; the node is the one popped first.
-            unsafe { ks.chain.unpop(f.into_raw()) };
-        }
+        // Give the chain back (never one parked for a pending future: that is the key's
+        // running task, waited for by `hold_chain`): a key paused by the user parks; otherwise
+        // a worker releases the (empty) chain.
         ks.control.unhold();
         match held {
-            Held::Baton { future } => {
-                let ptr = NonNull::from(entry);
-                if future {
-                    sh.schedule(crate::key::Runnable::Chain(ptr), None);
-                } else {
-                    // SAFETY: we hold the baton.
-                    unsafe { crate::key_control::park_or_schedule(sh, ptr) };
-                }
+            Held::Baton => {
+                // SAFETY: we hold the baton.
+                unsafe { crate::key_control::park_or_schedule(sh, NonNull::from(entry)) };
             }
             Held::Mine | Held::Retired | Held::Busy => {}
         }
