@@ -132,7 +132,7 @@ fn a_wake_after_completion_does_nothing() {
 fn shutdown_now_racing_a_wake_of_a_parked_future_takes_it_exactly_once() {
     // The owner has parked the future (`try_park` done); a waker and `shutdown_now` race for
     // the chain: the waker through `wake`, a push onto the (stand-in) global queue and
-    // `scheduled`, as `future_task.rs`'s `wake_cell` does; `shutdown_now` through `steal`. A
+    // `scheduled`, as `future_task.rs`'s `wake_node` does; `shutdown_now` through `steal`. A
     // lost steal must find the chain on the queue (it drains the queues next).
     loom::model(|| {
         let m = Arc::new(Model::default());
@@ -224,5 +224,34 @@ fn a_second_park_is_not_taken_while_the_first_waker_is_marking() {
             q == 1,
             "parked exactly when B did not take it"
         );
+    });
+}
+
+#[test]
+fn a_cancel_after_a_wakers_push_waits_for_its_mark() {
+    // The owner parked; a waker takes the park and pushes the chain; the chain is drained at
+    // once (a stopped worker put it back unpolled, and `shutdown_now` takes it from the queue)
+    // and its started future cancelled, `finish`, while the waker has not marked yet. `finish`
+    // waits out `WAKING`, so the waker's mark never overwrites `DONE`.
+    loom::model(|| {
+        let m = Arc::new(Model::default());
+        m.state.begin_poll();
+        assert!(m.state.try_park());
+        let queued = Arc::new(AtomicBool::new(false));
+        let (m2, q2) = (m.clone(), queued.clone());
+        let waker = thread::spawn(move || {
+            if m2.state.wake() {
+                q2.store(true, Ordering::SeqCst);
+                m2.state.scheduled();
+            }
+        });
+        // The drainer: once the chain is on the queue, it cancels the future.
+        while !queued.load(Ordering::SeqCst) {
+            thread::yield_now();
+        }
+        m.state.finish();
+        waker.join().unwrap();
+        assert!(m.state.is_done(), "the waker's mark overwrote DONE");
+        assert!(!m.state.wake(), "a wake after the cancel does nothing");
     });
 }

@@ -579,3 +579,35 @@ fn execute_async_runs_in_order_and_a_waker_outliving_the_serializer_is_harmless(
         again.wake();
     }
 }
+
+#[test]
+fn a_second_shutdown_now_after_a_woken_future_was_drained_touches_nothing_freed() {
+    // Key 1's future is parked; the only worker is then held by key 2; a wake puts key 1's
+    // chain on the global queue with nobody to poll it; `shutdown_now` drains it from there
+    // (the future is cancelled and, once its waker goes, freed), and a second `shutdown_now`
+    // walks the table again: the entry must not point at the freed future any more.
+    let s = serializer(1);
+    // A first future of key 1 ends and queues the key's idle release (its timeout not yet due),
+    // so the drained entry below stays in the table.
+    s.submit_async(1, async {}).unwrap().join().unwrap();
+    let (fut, fire) = oneshot();
+    let started = s.submit_async(1, fut).unwrap();
+    while s.stats().running == 0 {
+        std::thread::yield_now();
+    }
+    let (go, blocker) = block_key(&s, 2);
+    fire(5); // woken: the chain waits on the global queue
+    let pending = s.shutdown_now();
+    assert!(
+        pending.is_empty(),
+        "the started future is dropped, not handed back"
+    );
+    assert!(matches!(started.join(), Err(TaskError::Cancelled)));
+    drop(fire); // the last waker: the future's memory goes
+    assert!(s.shutdown_now().is_empty());
+    go.send(()).unwrap();
+    blocker.join().unwrap();
+    assert!(s.await_termination(Duration::from_secs(10)));
+    let st = s.stats();
+    assert_eq!((st.queued, st.running), (0, 0));
+}

@@ -17,8 +17,9 @@
 //! chain is what keeps the key owned while the future waits. The chain's owner pops the node and
 //! polls the future in place, with the slot `RUNNING` as for any task:
 //!
-//! - **Ready** (or a panic in `poll`, caught): the handle resolves, the node is freed and the
-//!   chain goes on with its next task.
+//! - **Ready** (or a panic in `poll`, caught): the handle resolves (and the node lets go of the
+//!   handle's state), the job's reference is given up (the memory goes with the last waker) and
+//!   the chain goes on with its next task.
 //! - **Pending**: the worker puts the same node back at the chain's head (`unpop`), records the
 //!   node's wake state in the key's entry ([`KeyState::parked_future`], for `shutdown_now`) and
 //!   parks the chain with [`WakeState::try_park`]: it stays `ACTIVE`, on no ready queue, so
@@ -55,8 +56,8 @@
 //! is lost, and the chain is never scheduled twice, so the future is never polled by two threads
 //! at once. A wake that finds a poll coming changes nothing, and that poll's CAS comes after the
 //! wake's RMW, so it sees what the waker did before waking (a plain store and a load would be a
-//! store-then-load race and a lost wakeup). `WAKING` is never overwritten but by its waker, so a
-//! second waker cannot take the park again before the first one's chain is on the queue, and
+//! store-then-load race and a lost wakeup). `WAKING` is never overwritten but by its waker (`begin_poll`, `steal` and `finish` wait it
+//! out), so a second waker cannot take the park again before the first one's chain is on the queue, and
 //! `shutdown_now` never sees the chain neither parked nor queued. A wake in `DONE` does nothing.
 //! Loom: `loom/tests/future.rs`.
 //!
@@ -221,9 +222,35 @@ impl WakeState {
         }
     }
 
+    /// Whether the future is done (for the loom models).
+    #[cfg(loom)]
+    pub fn is_done(&self) -> bool {
+        self.0.load(Ordering::Acquire) == DONE
+    }
+
     /// Completed or cancelled: later wakes do nothing.
+    ///
+    /// Waits out `WAKING` (as [`steal`](Self::steal) does): a waker between its push and its
+    /// mark may still be there when the chain it pushed is drained and the future cancelled
+    /// (a worker that popped it and was stopped before polling put it back unpolled), and its
+    /// mark must not overwrite `DONE`.
     pub fn finish(&self) {
-        self.0.store(DONE, Ordering::Release);
+        let backoff = crossbeam_utils::Backoff::new();
+        let mut s = self.0.load(Ordering::Acquire);
+        loop {
+            if s == WAKING {
+                crate::sync::snooze(&backoff);
+                s = self.0.load(Ordering::Acquire);
+                continue;
+            }
+            match self
+                .0
+                .compare_exchange(s, DONE, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(actual) => s = actual,
+            }
+        }
     }
 }
 
@@ -257,7 +284,10 @@ struct FutureNode<Fut: Future, K: 'static> {
     /// Whether `fut` holds a live future. Touched only by the job's holder.
     live: UnsafeCell<bool>,
     fut: UnsafeCell<MaybeUninit<Fut>>,
-    join: Option<crate::sync::Arc<JoinState<Fut::Output>>>,
+    /// Taken (and the reference dropped) when the job ends, so that neither the handle's state
+    /// nor an output nobody joins outlives the task while a waker keeps the node. Touched only
+    /// by the job's holder.
+    join: UnsafeCell<Option<crate::sync::Arc<JoinState<Fut::Output>>>>,
 }
 
 impl<Fut: Future, K: 'static> Drop for FutureNode<Fut, K> {
@@ -355,8 +385,13 @@ where
     unsafe { drop_future(n) };
     let panicked = result.is_err();
     done(panicked);
-    match &n.join {
-        Some(join) => join.complete(result),
+    // SAFETY: we hold the job.
+    match unsafe { (*n.join.get()).take() } {
+        Some(join) => {
+            join.complete(result);
+            // With the handle gone, this drops the output (or the payload): user code.
+            user::drop_quietly(join);
+        }
         // `execute_async`: no handle; a panic was counted by `done`; what is left (the
         // payload, or the output) is dropped here, quietly.
         None => user::drop_quietly(result),
@@ -369,11 +404,13 @@ unsafe fn cancel_node<Fut: Future, K>(p: NonNull<FutureHead<K>>, why: Abandon) {
     let n = unsafe { node::<Fut, K>(p) };
     // SAFETY: we hold the job.
     unsafe { drop_future(n) };
-    if let Some(join) = &n.join {
+    // SAFETY: we hold the job.
+    if let Some(join) = unsafe { (*n.join.get()).take() } {
         join.complete(Err(match why {
             Abandon::Cancelled => TaskError::Cancelled,
             Abandon::Superseded => TaskError::Superseded,
         }));
+        user::drop_quietly(join);
     }
 }
 
@@ -382,8 +419,12 @@ unsafe fn fail_node<Fut: Future, K>(p: NonNull<FutureHead<K>>, payload: Payload)
     let n = unsafe { node::<Fut, K>(p) };
     // SAFETY: we hold the job.
     unsafe { drop_future(n) };
-    match &n.join {
-        Some(join) => join.complete(Err(TaskError::Panicked(PanicPayload::new(payload)))),
+    // SAFETY: we hold the job.
+    match unsafe { (*n.join.get()).take() } {
+        Some(join) => {
+            join.complete(Err(TaskError::Panicked(PanicPayload::new(payload))));
+            user::drop_quietly(join);
+        }
         None => user::drop_payload(payload),
     }
 }
@@ -393,14 +434,20 @@ unsafe fn dealloc_node<Fut: Future, K>(p: NonNull<FutureHead<K>>) {
     // SAFETY: per the table's contract nobody refers to the node any more: drop what it still
     // holds (the home's shared state, the handle's state; a live future, never) and give its
     // memory back to where `make` got it.
-    unsafe {
-        std::ptr::drop_in_place(n.as_ptr());
-        std::alloc::dealloc(n.as_ptr().cast(), Layout::new::<FutureNode<Fut, K>>());
+    // A panic in a field's `Drop` (the shared state's, perhaps the serializer's last reference)
+    // still lets the other fields drop, and the memory is freed all the same.
+    let dropped = user::catch(|| unsafe { std::ptr::drop_in_place(n.as_ptr()) });
+    // SAFETY: as above; `make` allocated it with this layout.
+    unsafe { std::alloc::dealloc(n.as_ptr().cast(), Layout::new::<FutureNode<Fut, K>>()) };
+    if let Err(payload) = dropped {
+        user::drop_payload(payload);
     }
 }
 
-/// The head of a future node owned by `task`, reached through the node's own pointer (so a
-/// waker made from it, which may free the node, has the node's whole provenance).
+/// The head of a future node owned by `task`, reached through the task's own pointer, not
+/// through a reference (so a waker made from it, which may free the node, does not carry a
+/// shared borrow's permissions; chains keep node pointers as integers, so this is the
+/// provenance the node's last push exposed).
 ///
 /// # Safety
 /// `task` is of kind `Future` (made by [`make`] with this `K`).
@@ -451,7 +498,7 @@ where
             },
             live: UnsafeCell::new(true),
             fut: UnsafeCell::new(MaybeUninit::new(fut)),
-            join,
+            join: UnsafeCell::new(join),
         })
     };
     // SAFETY: a new node, ours alone; its table (`TaskOf`) ends the job and gives the node up.
@@ -575,9 +622,10 @@ where
     let p = p.cast::<FutureHead<K>>();
     // SAFETY: the caller passed us the job: the node is alive until we release it.
     let head = unsafe { p.as_ref() };
+    // Done first: a wake from the future's own `Drop` then does nothing.
+    head.state.finish();
     // SAFETY: we hold the job.
     unsafe { (head.cell.cancel)(p, why) };
-    head.state.finish();
     // SAFETY: the job's reference, given up.
     unsafe { release(p) };
 }
@@ -589,9 +637,9 @@ where
     let p = p.cast::<FutureHead<K>>();
     // SAFETY: the caller passed us the job: the node is alive until we release it.
     let head = unsafe { p.as_ref() };
+    head.state.finish();
     // SAFETY: we hold the job.
     unsafe { (head.cell.fail)(p, payload) };
-    head.state.finish();
     // SAFETY: the job's reference, given up.
     unsafe { release(p) };
 }
@@ -641,7 +689,11 @@ where
     // park (whose Release the wake's CAS acquired) and is never written again.
     // SAFETY: as above.
     let Some(home) = (unsafe { &*head.home.get() }) else {
+        // Unreachable (the first poll's owner sets the home before it can park); if it were
+        // not, the future could never be rescheduled: end it, rather than leave `WAKING` for
+        // `begin_poll` or `steal` to wait on for ever.
         debug_assert!(false, "a parked future has a home");
+        head.state.0.store(DONE, Ordering::Release);
         return;
     };
     home.shared.global().push(Runnable::Chain(home.entry));

@@ -35,8 +35,8 @@ pub(crate) struct KeyState {
     pub(crate) share: KeyShare,
     /// The wake state of the chain's head future while it is parked (`future_task.rs`,
     /// "Shutdown"): set by the chain's owner just before it parks, cleared by the next owner
-    /// before it polls and by `shutdown_now` when it steals the chain. Read only by
-    /// `shutdown_now`, once every worker has stopped.
+    /// before it polls and taken out by `shutdown_now`'s walk (whether its steal wins or not).
+    /// Read only by `shutdown_now`, once every worker has stopped.
     pub(crate) parked_future: AtomicPtr<crate::future_task::WakeState>,
     /// Counts the key in its lane's tracked keys while the state lives.
     _track: TrackToken,

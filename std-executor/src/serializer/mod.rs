@@ -458,7 +458,11 @@ where
     /// calling thread) and drops started ones, whose handles resolve
     /// [`Cancelled`](crate::TaskError::Cancelled). For tokio's timers and sockets inside the
     /// future, give the builder a runtime handle (Cargo feature `tokio`,
-    /// `Builder::tokio_handle`).
+    /// `Builder::tokio_handle`); a handed-back future's `run` happens outside it (enter it
+    /// first, `Handle::enter`, and call `run` off the runtime's own threads: it parks the
+    /// calling thread while the future waits). A waker the future hands out keeps a little of
+    /// the serializer's memory (the task's allocation, and the shared state it points to) until
+    /// the waker is dropped; waking it after the task ended does nothing.
     ///
     /// ```
     /// use std::sync::{Arc, Mutex};

@@ -221,17 +221,20 @@ where
         let guard = sh.pin();
         sh.table().for_each(&guard, |e| {
             let ks = e.value();
-            let state = ks.parked_future.load(Ordering::Acquire);
+            // Taken out whatever the steal finds: if a waker won, the chain is drained from
+            // the global queue next and its future freed, and a later `shutdown_now` must not
+            // find the pointer.
+            let state = ks
+                .parked_future
+                .swap(std::ptr::null_mut(), Ordering::Acquire);
             if state.is_null() {
                 return;
             }
             // SAFETY: every worker has stopped (step 1), and a worker clears the pointer
             // before it polls the chain's head future: so the future has been parked since its
-            // last poll, and its node (holding a counted reference to the cell that holds the
+            // last poll, and its node (holding a counted reference to the node that holds the
             // state) is still on the chain, which only a worker or this call takes apart.
             if unsafe { (*state).steal() } {
-                ks.parked_future
-                    .store(std::ptr::null_mut(), Ordering::Relaxed);
                 stolen.push(NonNull::from(e));
             }
         });
@@ -379,6 +382,8 @@ where
     ) {
         for t in tasks {
             let Some(t) = self.unless_started_future(t) else {
+                // The key's running (pending) future is gone: nothing of it runs any more.
+                entry.value().seen.set_running(false);
                 continue;
             };
             // The key's `Clone` is user code: a task whose key cannot be cloned is not handed
