@@ -37,7 +37,7 @@ pub(crate) struct KeyState {
     /// "Shutdown"): set by the chain's owner just before it parks, cleared by the next owner
     /// before it polls and taken out by `shutdown_now`'s walk (whether its steal wins or not).
     /// Read only by `shutdown_now`, once every worker has stopped.
-    pub(crate) parked_future: AtomicPtr<crate::future_task::WakeState>,
+    pub(crate) parked_future: AtomicPtr<crate::wake_state::WakeState>,
     /// Counts the key in its lane's tracked keys while the state lives.
     _track: TrackToken,
 }

@@ -164,9 +164,9 @@
 // | the facade | `serializer/` (`mod`: the type and its submit methods; `admit`: admission; `keys`: per-key control; `shutdown`: the shutdown family and `Drop`), `builder`, `policy`, `stats`, `error`, `pending` |
 // | shared state | `shared` (the routing state, behind accessors; the counts, summed in `Shared::tally`), `lifecycle` (flags, termination, threads, hand-backs, behind one lock), `slot` (a worker's slot), `sync` (std or loom) |
 // | the lane path (every keyed task) | `lanes`, `lane_task` (a task in a lane's slot), `inspect` (a lane taken for a moment from outside: key_stats, cancel_key), `route` (run it or queue it on its key's chain), `deferral` (a key deferred when its lane is taken over), `latest_cells` (`submit_latest`), `claims` (`submit_distinct`), `gate` (admission of unkeyed and latest tasks), `capacity` |
-// | the chain path (keys with state) | `key` (a key's entry and state), `idle`, `idle_word` (idle release), `permits`, `permit_wait` (permit-gated tasks), `control` (a key's pause word), `key_control` (pause and resume on the entry, chain and wait registry), `key_budget` (`max_keys`) |
+// | the chain path (keys with state) | `key` (a key's entry and state), `idle`, `idle_word` (idle release), `permits`, `permit_wait` (permit-gated tasks), `control` (a key's pause word), `key_control` (pause and resume on the entry, chain and wait registry), `handed_back` (a state task `cancel_key` handed back, run with its key's chain), `key_budget` (`max_keys`) |
 // | workers | `worker/` (its `mod.rs` lists its rooms), `phase` (what `shutdown_now` may take), `running` (what the worker on this thread is inside: the self-wait check), `sleep` (parking without lost wakeups), `supervisor` (the elastic pool) |
-// | tasks and handles | `task/` (type-erased task nodes), `nodes`, `slab` (their recycled memory), `handle` (`TaskHandle`), `state` (per-key state), `state_hold` (a key's state held by its handed-back tasks), `user` (the one boundary for user code: where it runs, what a panic in it does), `trace` (feature `tracing`) |
+// | tasks and handles | `task/` (type-erased task nodes), `future_task` (a future as a task: one allocation, its wakers), `wake_state` (a future's wake word), `nodes`, `slab` (their recycled memory), `handle` (`TaskHandle`), `state` (per-key state), `state_hold` (a key's state held by its handed-back tasks), `user` (the one boundary for user code: where it runs, what a panic in it does), `trace` (feature `tracing`) |
 // | the extras | `semaphore/`, `distinct/` (`DistinctQueue`) |
 // | beyond one machine (feature `redis`, public) | `stream/` (`partition`: Kafka's murmur2 partitioner; `id`: stream IDs; `watermark`; `producer`; `consumer`: ownership, claims, acks; `conn`: reconnecting connection and reply parsing; `entry`, `error`) |
 //
@@ -207,6 +207,7 @@ mod route;
 
 // The chain path.
 mod control;
+mod handed_back;
 mod idle;
 mod idle_word;
 mod key;
@@ -238,6 +239,7 @@ mod future_task;
 mod semaphore;
 #[cfg(feature = "redis")]
 pub mod stream;
+mod wake_state;
 
 #[cfg(test)]
 mod exec_tests;
@@ -261,7 +263,6 @@ pub mod loom_api {
     pub use crate::capacity::Capacity;
     pub use crate::control::{Control, Resumed};
     pub use crate::deferral::loom_hooks as deferral;
-    pub use crate::future_task::WakeState;
     pub use crate::gate::{Gate, Ticket};
     pub use crate::idle_word::{IdleWord, Reap};
     pub use crate::lanes::loom_hooks as lanes;
@@ -273,6 +274,7 @@ pub mod loom_api {
     pub use crate::state_hold::loom_hooks as state_hold;
     pub use crate::supervisor::stamp_expired;
     pub use crate::sync::{Parker, Unparker};
+    pub use crate::wake_state::WakeState;
 }
 
 /// The package README's example, compiled and run as a doctest.

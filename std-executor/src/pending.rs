@@ -1,13 +1,12 @@
 //! Tasks handed back by `shutdown_now` and `cancel_key`, and where a handed-back state task
 //! finds its key's state when it is run (`Backing`: a holder shared by the key's handed-back
 //! tasks after `shutdown_now`, `state_hold.rs`; the key's entry, reached with its chain's baton,
-//! after `cancel_key`, `key_control::run_handed_back`; or a fresh state as a last resort).
+//! after `cancel_key`, `handed_back::run_handed_back`; or a fresh state as a last resort).
 
 use std::fmt;
 
 use std::sync::{Arc, Weak};
 
-use crate::shared::Shared;
 use crate::state::StateHooks;
 use crate::state_hold::KeyStateHold;
 use crate::task::{Kind, TaskRef};
@@ -36,8 +35,12 @@ pub struct PendingTask<K> {
     state: Backing<K>,
 }
 
-/// Runs a state task against its key's state in a serializer (`key_control::run_handed_back`).
-type RunOnKey<K> = fn(&Shared<K>, &K, TaskRef);
+/// Runs a state task against its key's state in a serializer: the serializer's shared state,
+/// seen from here only through this (`handed_back.rs` implements it with `run_handed_back`).
+pub(crate) trait KeyRunner<K>: Send + Sync {
+    /// Runs state task `task` against `key`'s state, with the key's chain baton.
+    fn run_on_key(&self, key: &K, task: TaskRef);
+}
 
 /// Where a handed-back task finds its key's state (`state_hold.rs`, `key_control.rs`).
 enum Backing<K> {
@@ -47,11 +50,9 @@ enum Backing<K> {
     /// it alive too) and released through the hook after the last of them.
     Hold(Arc<KeyStateHold<K>>),
     /// `cancel_key`: a state task, run against its key's state in the serializer, with the
-    /// key's chain baton (`key_control::run_handed_back`).
+    /// key's chain baton (`handed_back::run_handed_back`).
     Key {
-        shared: Weak<Shared<K>>,
-        /// `key_control::run_handed_back` for this `K` (taken where its bounds are known).
-        run: RunOnKey<K>,
+        runner: Weak<dyn KeyRunner<K>>,
         hooks: StateHooks<K>,
     },
     /// A fresh state made by `init` for this task, released through the hook right after.
@@ -97,16 +98,17 @@ impl<K> PendingTask<K> {
         self.state = Backing::Hold(hold.clone());
     }
 
-    /// `cancel_key`'s hand-back: a state task runs against its key's state in `shared`.
-    pub(crate) fn with_key_state(mut self, shared: &Arc<Shared<K>>) -> Self
-    where
-        K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    {
-        if self.is_state_task() && shared.state_hooks().on {
+    /// `cancel_key`'s hand-back: a state task runs against its key's state through `runner`
+    /// (the serializer's shared state, while it lives; else against a fresh state).
+    pub(crate) fn with_key_state(
+        mut self,
+        runner: Weak<dyn KeyRunner<K>>,
+        hooks: &StateHooks<K>,
+    ) -> Self {
+        if self.is_state_task() && hooks.on {
             self.state = Backing::Key {
-                shared: Arc::downgrade(shared),
-                run: crate::key_control::run_handed_back::<K>,
-                hooks: shared.state_hooks().clone(),
+                runner,
+                hooks: hooks.clone(),
             };
         }
         self
@@ -180,8 +182,8 @@ impl<K> PendingTask<K> {
                 }
                 drop(hold); // perhaps the key's last handed-back task: the hook runs here
             }
-            (Backing::Key { shared, run, hooks }, Some(key)) => match shared.upgrade() {
-                Some(sh) => run(&sh, &key, task),
+            (Backing::Key { runner, hooks }, Some(key)) => match runner.upgrade() {
+                Some(runner) => runner.run_on_key(&key, task),
                 None => run_fresh(&hooks, &key, task),
             },
             (Backing::Fresh(hooks), Some(key)) => run_fresh(&hooks, &key, task),

@@ -69,3 +69,30 @@ pub(crate) fn running_key_here(id: usize) -> Option<u64> {
     }
     Some(key.load(Ordering::Relaxed)).filter(|&k| k != 0)
 }
+
+thread_local! {
+    /// The serializer and slot of the worker running on this thread, and its local deque
+    /// (`worker/mod.rs` sets it around its loop).
+    static CURRENT: Cell<(usize, usize, *const ())> = const { Cell::new((0, 0, std::ptr::null())) };
+}
+
+/// The worker loop on this thread: `(serializer, slot, deque)`, or `(0, 0, null)`.
+pub(crate) fn current_worker_raw() -> (usize, usize, *const ()) {
+    CURRENT.with(Cell::get)
+}
+
+/// Set by the worker loop on entry, cleared (`(0, 0, null)`) before it returns.
+pub(crate) fn set_current_worker(current: (usize, usize, *const ())) {
+    CURRENT.with(|c| c.set(current));
+}
+
+/// The slot of the worker of serializer `id` running on this thread, if any.
+pub(crate) fn current_slot(id: usize) -> Option<usize> {
+    let (sid, slot, deque) = current_worker_raw();
+    (sid == id && !deque.is_null()).then_some(slot)
+}
+
+/// `true` if this thread is a worker of serializer `id`.
+pub(crate) fn on_worker_of(id: usize) -> bool {
+    current_worker_raw().0 == id
+}

@@ -26,7 +26,7 @@
 //!   it never touches that state; the worker, once its task returned, takes the state out of
 //!   the cell (it is its last user) and hands it over through its slot.
 //! - a state task handed back by `cancel_key` takes the key's chain baton when it is run
-//!   (`key_control::run_handed_back`) and then touches the cell as the chain's owner would.
+//!   (`handed_back::run_handed_back`) and then touches the cell as the chain's owner would.
 
 use std::any::Any;
 use std::cell::{Cell, UnsafeCell};

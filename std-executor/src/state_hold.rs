@@ -144,7 +144,7 @@ impl<K> KeyStateHold<K> {
         }
         let mut i = lock(&self.inner);
         while let Some((id, slot)) = i.lent {
-            if crate::worker::current_slot(id) == Some(slot) {
+            if crate::running::current_slot(id) == Some(slot) {
                 drop(i);
                 return fail(
                     task,
@@ -232,10 +232,10 @@ pub mod loom_hooks {
     use std::sync::Arc;
 
     use super::{KeyStateHold, Lent};
-    use crate::pending::PendingTask;
     use crate::state::{Erased, StateHooks};
     use crate::sync::{lock, Mutex};
     use crate::task::{Detached, Kind, TaskRef};
+    use crate::PendingTask;
 
     /// The serializer id and slot a lent holder names: no loom thread is a worker (the
     /// worker's thread-local slot is unset), so a run never takes itself for the key's task.

@@ -321,7 +321,11 @@ where
             .chain(from_lane.into_iter().map(LaneTask::into_task))
         {
             match user::catch(|| key.clone()) {
-                Ok(k) => out.push(PendingTask::new(Some(k), t).with_key_state(&self.shared)),
+                Ok(k) => {
+                    let runner: std::sync::Weak<dyn crate::pending::KeyRunner<K>> =
+                        std::sync::Arc::downgrade(&self.shared) as _;
+                    out.push(PendingTask::new(Some(k), t).with_key_state(runner, sh.state_hooks()))
+                }
                 Err(payload) => {
                     sh.count_dropped_outside(1);
                     sh.release_slot();

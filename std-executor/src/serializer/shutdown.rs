@@ -230,10 +230,10 @@ where
             if state.is_null() {
                 return;
             }
-            // SAFETY: every worker has stopped (step 1), and a worker clears the pointer
-            // before it polls the chain's head future: so the future has been parked since its
-            // last poll, and its node (holding a counted reference to the node that holds the
-            // state) is still on the chain, which only a worker or this call takes apart.
+            // Every worker has stopped (step 1), and a worker clears the pointer before it
+            // polls the chain's head future: so the future has been parked since its last poll,
+            // and its node, which holds the state, is still on the chain.
+            // SAFETY: as just said, the state is alive (only a worker or this call frees it).
             if unsafe { (*state).steal() } {
                 stolen.push(NonNull::from(e));
             }

@@ -9,7 +9,8 @@
 //! then it keeps draining). After a release, the key's idle bookkeeping runs (`idle.rs`) under an
 //! epoch guard taken *before* the release, since the entry may be retired by others from then on.
 
-use crate::future_task::{self, WakeState};
+use crate::future_task;
+use crate::wake_state::WakeState;
 use std::ptr::NonNull;
 
 use super::{After, WorkerLoop};

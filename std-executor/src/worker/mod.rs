@@ -21,7 +21,6 @@ mod steal;
 
 use park::{NAP, NAP_ROUNDS, SPIN_ROUNDS};
 
-use std::cell::Cell;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -34,14 +33,9 @@ use crate::shared::Shared;
 use crate::slot::{Counters, Owned, Slot};
 use crate::sync::{lock, Ordering};
 
-thread_local! {
-    /// The serializer and slot of the worker running on this thread, and its local deque.
-    static CURRENT: Cell<(usize, usize, *const ())> = const { Cell::new((0, 0, std::ptr::null())) };
-}
-
 /// If this thread is one of serializer `id`'s workers: its slot and local deque.
 pub(crate) fn current_worker<K>(id: usize) -> Option<(usize, &'static Worker<Runnable<K>>)> {
-    let (sid, slot, deque) = CURRENT.with(Cell::get);
+    let (sid, slot, deque) = crate::running::current_worker_raw();
     if sid == id && !deque.is_null() {
         // CURRENT is cleared before the worker loop returns; callers use the reference only
         // within their own call (never stored), so it never outlives the deque.
@@ -53,16 +47,7 @@ pub(crate) fn current_worker<K>(id: usize) -> Option<(usize, &'static Worker<Run
     }
 }
 
-/// `true` if this thread is a worker of serializer `id`.
-/// The slot of the worker of serializer `id` running on this thread, if any.
-pub(crate) fn current_slot(id: usize) -> Option<usize> {
-    let (sid, slot, deque) = CURRENT.with(Cell::get);
-    (sid == id && !deque.is_null()).then_some(slot)
-}
-
-pub(crate) fn on_worker_of(id: usize) -> bool {
-    CURRENT.with(Cell::get).0 == id
-}
+pub(crate) use crate::running::on_worker_of;
 
 /// Starts the worker thread of `index`. The slot's deque and parker must be free.
 pub(crate) fn spawn<K>(shared: &Arc<Shared<K>>, index: usize) -> std::io::Result<()>
@@ -182,7 +167,7 @@ where
 
     fn run(mut self) {
         let deque_ptr = self.deque() as *const Worker<Runnable<K>> as *const ();
-        CURRENT.with(|c| c.set((self.shared.id(), self.index, deque_ptr)));
+        crate::running::set_current_worker((self.shared.id(), self.index, deque_ptr));
         let sh = self.shared.clone();
         let stopped = move || sh.lifecycle().is_stopped();
         let stopped: &dyn Fn() -> bool = &stopped;
@@ -198,7 +183,7 @@ where
         };
         self.main_loop();
         drop(here);
-        CURRENT.with(|c| c.set((0, 0, std::ptr::null())));
+        crate::running::set_current_worker((0, 0, std::ptr::null()));
         self.exit();
     }
 
