@@ -47,7 +47,7 @@
 //! | `PARKED -> WAKING` (CAS) | a waker ([`WakeState::wake`] returns `true`): it alone holds the baton, pushes the chain onto the global queue, then marks it |
 //! | `WAKING -> RUNNABLE` (swap) | that waker, once the chain is on the queue ([`WakeState::scheduled`]) |
 //! | `PARKED -> DONE` (CAS) | `shutdown_now` ([`WakeState::steal`]): it holds the baton, drains the chain and cancels the future; it waits out `WAKING`, after which the chain is on the global queue, which it drains later |
-//! | `-> DONE` (store) | the owner at completion, or the owner that cancels the future |
+//! | `-> DONE` (CAS, waiting out `WAKING`) | the owner at completion, or the holder of the job that cancels the future ([`WakeState::finish`]) |
 //!
 //! Every access that a waker and the owner race on is an RMW on the word (a wake that changes
 //! nothing still CASes the value it read), so they are totally ordered, and each wake either

@@ -41,6 +41,17 @@ impl WakeState {
     /// waker did before waking is seen by this poll. Waits while a waker is between its push and
     /// its mark (`WAKING`).
     pub fn begin_poll(&self) {
+        let prev = self.move_to(POLLING);
+        debug_assert!(
+            matches!(prev, NEW | RUNNABLE | NOTIFIED),
+            "polled in state {prev}"
+        );
+    }
+
+    /// Moves the word to `to` from whatever it holds, waiting while a waker is between its push
+    /// and its mark (`WAKING`, which only that waker may end); returns what it replaced. One
+    /// CAS (an RMW) once the word is not `WAKING`.
+    fn move_to(&self, to: u8) -> u8 {
         let backoff = crossbeam_utils::Backoff::new();
         let mut s = self.0.load(Ordering::Acquire);
         loop {
@@ -49,15 +60,11 @@ impl WakeState {
                 s = self.0.load(Ordering::Acquire);
                 continue;
             }
-            debug_assert!(
-                matches!(s, NEW | RUNNABLE | NOTIFIED),
-                "polled in state {s}"
-            );
             match self
                 .0
-                .compare_exchange(s, POLLING, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(s, to, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return,
+                Ok(prev) => return prev,
                 Err(actual) => s = actual,
             }
         }
@@ -145,21 +152,6 @@ impl WakeState {
     /// (a worker that popped it and was stopped before polling put it back unpolled), and its
     /// mark must not overwrite `DONE`.
     pub fn finish(&self) {
-        let backoff = crossbeam_utils::Backoff::new();
-        let mut s = self.0.load(Ordering::Acquire);
-        loop {
-            if s == WAKING {
-                crate::sync::snooze(&backoff);
-                s = self.0.load(Ordering::Acquire);
-                continue;
-            }
-            match self
-                .0
-                .compare_exchange(s, DONE, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return,
-                Err(actual) => s = actual,
-            }
-        }
+        self.move_to(DONE);
     }
 }
