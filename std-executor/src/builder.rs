@@ -18,7 +18,7 @@ use crate::state::StateHooks;
 /// | [`workers`](Self::workers) | available parallelism | core worker threads, always running |
 /// | [`max_workers`](Self::max_workers) | = `workers` | elastic ceiling: extra threads start when every worker is busy or blocked and work waits |
 /// | [`worker_keep_alive`](Self::worker_keep_alive) | 10 s | how long an idle extra worker lives |
-/// | [`key_idle_timeout`](Self::key_idle_timeout) | 100 ms | how long a drained key keeps its state, for keys that have some (see [`Stats::active_keys`](crate::Stats::active_keys); at most 1,024 idle keys per worker; 0 = release at once) |
+/// | [`key_idle_timeout`](Self::key_idle_timeout) | 100 ms | how long a drained key keeps its state, for keys that have some (see [`Stats::active_keys`](crate::Stats::active_keys); at most 1,024 idle keys per worker, unless they hold `key_state`; 0 = release at once) |
 /// | [`fairness_budget`](Self::fairness_budget) | 64 | tasks of one key a worker runs before it lets other keys go first |
 /// | [`capacity`](Self::capacity) | unbounded | queued (not running) tasks; `submit` blocks and `try_submit` refuses when full |
 /// | [`thread_name`](Self::thread_name) | `"keyserial"` | worker thread name prefix (`name-0`, `name-1`, …) |
@@ -293,6 +293,9 @@ where
     /// keys costs bounded memory and cheap releases, while a working set of hot keys skips
     /// re-creating its state between tasks (measured in the repository's benchmarks: a cap of
     /// 65,536 instead made one million one-shot keys 1.2-2x slower, with a higher peak memory).
+    /// With [`key_state`](Self::key_state) the cap does not apply: a key's state lives until
+    /// this timeout (or a [`max_keys`](Self::max_keys) budget) releases it, however many keys
+    /// are idle.
     ///
     /// ```
     /// let s = keyserial::Builder::<u8>::new()

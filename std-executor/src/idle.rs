@@ -27,8 +27,10 @@
 //! comes first, the reaper's `fetch_and` happens-after the release CAS, so the reaper's following
 //! `is_idle` check sees the chain idle (or active again, when a later release will queue it).
 //! A key is retired between one and two timeouts after its last release, or earlier when its
-//! worker holds more than `IDLE_CAP` idle keys (the oldest go first): the timeout is a cache of
-//! hot keys' state, bounded in size, not a promise to keep state.
+//! worker holds more than `IDLE_CAP` idle keys (the oldest go first): without key state, the
+//! timeout is a cache of hot keys' entries, bounded in size. With key state (`state.rs`) it is a
+//! promise: a key's state lives until its timeout (or a key budget) releases it, so the cap
+//! does not apply.
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
@@ -186,7 +188,11 @@ fn released<K>(
             entry: entry_ptr,
             deadline: *now + timeout,
         });
-        while fifo.len() > IDLE_CAP {
+        // With key state the cap does not apply: a key's state lives while the key is live,
+        // until its idle timeout or a key budget releases it (DESIGN 3.1b), so an early release
+        // would lose it (issue "Baton": `init` ran again for live keys once a worker held more
+        // than `IDLE_CAP` idle keys). The user's timeout and `max_keys` bound those keys.
+        while !shared.state_hooks().on && fifo.len() > IDLE_CAP {
             reap_front(shared, fifo, garbage, guard, *now, timeout, true);
         }
     }
