@@ -611,3 +611,101 @@ fn a_second_shutdown_now_after_a_woken_future_was_drained_touches_nothing_freed(
     let st = s.stats();
     assert_eq!((st.queued, st.running), (0, 0));
 }
+
+/// Issue "Baton": a task of a key (on its chain: `max_keys` tracks every key) cancels its own
+/// key while another thread stops the serializer. The chain's queue is taken by exactly one of
+/// them (`Phase::suspend_running`; `baton.rs`): every closure is dropped once, every task ran
+/// once or was handed back once. On 84c9b8b both popped the chain (a double free).
+#[test]
+fn cancel_key_from_the_keys_own_task_racing_shutdown_now_takes_each_task_once() {
+    let drops = Drops::default();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let n = if cfg!(miri) { 6 } else { 20_000 };
+    let s: Arc<Serializer<u32>> = Arc::new(Builder::new().workers(1).max_keys(4).build().unwrap());
+    let (started_tx, started_rx) = channel();
+    let (go_tx, go_rx) = channel::<()>();
+    let inner = s.clone();
+    let cancelled = Arc::new(Mutex::new(Vec::new()));
+    let c2 = cancelled.clone();
+    s.execute(1, move || {
+        started_tx.send(()).unwrap();
+        go_rx.recv().ok();
+        *c2.lock().unwrap() = inner.cancel_key(&1);
+    })
+    .unwrap();
+    started_rx.recv().unwrap();
+    for i in 0..n {
+        let c = drops.make(i);
+        let ran = ran.clone();
+        s.execute(1, move || {
+            let _c = &c;
+            ran.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    }
+    go_tx.send(()).unwrap();
+    let back = s.shutdown_now();
+    assert!(s.await_termination(Duration::from_secs(60)));
+    let from_cancel = std::mem::take(&mut *cancelled.lock().unwrap());
+    let handed = back.len() + from_cancel.len();
+    drop(back);
+    drop(from_cancel);
+    assert_eq!(
+        ran.load(Ordering::SeqCst) + handed,
+        n as usize,
+        "each task once"
+    );
+    assert_eq!(drops.count(), n as usize, "each closure dropped once");
+}
+
+/// Issue "Baton": a state task handed back by `cancel_key`, running on another thread when
+/// `shutdown_now` comes: the tasks queued behind it on its key's chain are handed back by
+/// `shutdown_now` (stolen from the run as from a worker, `baton.rs`), and the key's state
+/// reaches the hook once, after the last handed-back task of the key. On 84c9b8b they were
+/// neither run nor handed back (cancelled later by the run's give-back).
+#[test]
+fn shutdown_now_steals_the_chain_of_a_running_handed_back_state_task() {
+    let released = Arc::new(Mutex::new(Vec::new()));
+    let r2 = released.clone();
+    let s: Serializer<u32, u32> = Builder::new()
+        .workers(1)
+        .key_state(|_: &u32| 0u32)
+        .on_key_release(move |k, v: u32| r2.lock().unwrap().push((k, v)))
+        .build()
+        .unwrap();
+    s.pause(&1);
+    let (in_tx, in_rx) = channel();
+    let (go_tx, go_rx) = channel::<()>();
+    let first = s
+        .submit_with_state(1, move |v: &mut u32| {
+            in_tx.send(()).unwrap();
+            go_rx.recv().ok();
+            *v += 1;
+        })
+        .unwrap();
+    let mut back = s.cancel_key(&1);
+    assert_eq!(back.len(), 1);
+    s.resume(&1);
+    let p = back.pop().unwrap();
+    let runner = std::thread::spawn(move || p.run());
+    in_rx.recv().unwrap();
+    // Queued behind the run, on the key's chain (state tasks always go there).
+    let behind: Vec<_> = (0..3)
+        .map(|_| s.submit_with_state(1, |v: &mut u32| *v += 100).unwrap())
+        .collect();
+    let back = s.shutdown_now();
+    assert_eq!(back.len(), 3, "the tasks behind the run are handed back");
+    go_tx.send(()).unwrap();
+    runner.join().unwrap();
+    first.join().unwrap();
+    for p in back {
+        p.run();
+    }
+    for h in behind {
+        h.join().unwrap();
+    }
+    assert!(s.await_termination(Duration::from_secs(60)));
+    drop(s);
+    let released = released.lock().unwrap();
+    assert_eq!(*released, [(1, 301)], "one state, released once");
+}

@@ -54,9 +54,22 @@ fn key_state_never_loses_an_update_under_concurrent_producers() {
         }
     });
     let total: u64 = (0..KEYS)
-        .map(|k| s.submit_with_state(k, |a: &mut Account| a.balance).unwrap().join().unwrap())
+        .map(|k| {
+            s.submit_with_state(k, |a: &mut Account| a.balance)
+                .unwrap()
+                .join()
+                .unwrap()
+        })
         .sum();
-    assert_eq!(bad.load(SeqCst), 0, "a producer's updates seen out of order");
-    assert_eq!(inits.load(SeqCst), KEYS as usize, "a live key's state made again");
+    assert_eq!(
+        bad.load(SeqCst),
+        0,
+        "a producer's updates seen out of order"
+    );
+    assert_eq!(
+        inits.load(SeqCst),
+        KEYS as usize,
+        "a live key's state made again"
+    );
     assert_eq!(total, 4 * PER);
 }
