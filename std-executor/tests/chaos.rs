@@ -34,6 +34,8 @@
 //! | `KEYSERIAL_CHAOS_SECS` | 20 | total time of the rounds (each round's storm is 50-400 ms) |
 //! | `KEYSERIAL_CHAOS_SEED` | from the clock | the first round's seed (a failure prints its round's seed) |
 //! | `KEYSERIAL_CHAOS_KEEP_GOING` | unset | `1`: run every round, print each failure, fail at the end |
+//! | `KEYSERIAL_CHAOS_VERBOSE` | unset | `1`: print each round's options as it starts |
+//! | `KEYSERIAL_CHAOS_NO_CANCEL_AFTER_STOP` | unset | `1`: no `cancel_key` after `shutdown_now` (to look past that hang) |
 //!
 //! The long run: `KEYSERIAL_CHAOS_SECS=1800 cargo test --release -p keyserial --test chaos --
 //! --nocapture`. A failing round can be replayed (same options and choices; thread timing
@@ -665,9 +667,9 @@ fn waker_thread(rx: crossbeam_channel::Receiver<Waker>, stop: Arc<AtomicBool>, s
     let mut r = Rng::new(seed);
     let mut held: Vec<(Instant, Waker)> = Vec::new();
     loop {
-        match rx.recv_timeout(Duration::from_micros(300)) {
+        match rx.recv_timeout(Duration::from_micros(100)) {
             Ok(w) => {
-                let due = Instant::now() + Duration::from_micros(r.below(2000));
+                let due = Instant::now() + Duration::from_micros(r.below(500));
                 held.push((due, w));
             }
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
@@ -748,7 +750,7 @@ fn producer(s: Arc<Ser>, m: Arc<Model>, p: usize, stop: Arc<AtomicBool>) -> Hand
     let me = format!("producer {p}");
     let mut r = Rng::new(m.opts.seed ^ (p as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
     let mut handles = Handles::new();
-    for _ in 0..m.opts.max_tasks_per_producer {
+    for i in 0..m.opts.max_tasks_per_producer {
         if stop.load(Ordering::Relaxed) || s.is_shutdown() {
             break;
         }
@@ -832,6 +834,11 @@ fn producer(s: Arc<Ser>, m: Arc<Model>, p: usize, stop: Arc<AtomicBool>) -> Hand
         if r.per_mille(50) {
             std::thread::yield_now();
         }
+        // Keep the backlog near a thousand tasks: enough to race over, few enough that the
+        // handed-back ones (futures among them wait for the waker thread) run quickly.
+        if i % 64 == 0 && s.stats().queued > 1000 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
     step(&me, "done");
     handles
@@ -845,6 +852,7 @@ fn control(s: Arc<Ser>, m: Arc<Model>, stop: Arc<AtomicBool>, start: Instant) {
     let mut r = Rng::new(m.opts.seed ^ 0xC0_47_20_1);
     let mut last_resume_all = Instant::now();
     let mut stopped = false;
+    let no_cancel_after_stop = env_u64("KEYSERIAL_CHAOS_NO_CANCEL_AFTER_STOP").unwrap_or(0) != 0;
     while !stop.load(Ordering::Relaxed) {
         if let Some(at) = m.opts.control_shutdown_now {
             if !stopped && start.elapsed() >= at {
@@ -867,7 +875,7 @@ fn control(s: Arc<Ser>, m: Arc<Model>, stop: Arc<AtomicBool>, start: Instant) {
                 step(me, format!("resume {k}"));
                 s.resume(&k);
             }
-            4 | 5 => {
+            4 | 5 if !(no_cancel_after_stop && m.stopped_now.load(Ordering::SeqCst)) => {
                 step(me, format!("cancel_key {k}"));
                 let back = s.cancel_key(&k);
                 step(me, format!("consume cancel_key {k}'s {} tasks", back.len()));
@@ -1055,6 +1063,9 @@ fn round(opts: &Opts) -> Vec<String> {
         }
         Ending::ShutdownTimeout(t) => {
             m.graceful.store(true, Ordering::SeqCst);
+            // It may stop as shutdown_now does: cancel_key's hand-backs run after it get fresh
+            // states, perhaps while the key's own is still lent to a detached worker.
+            m.stopped_now.store(true, Ordering::SeqCst);
             let s = s.as_ref().unwrap();
             step(me, format!("shutdown_timeout({t:?})"));
             let _ = s.shutdown_timeout(t);
@@ -1228,6 +1239,7 @@ fn chaos_rounds() {
     quiet_injected_panics();
     let secs = env_u64("KEYSERIAL_CHAOS_SECS").unwrap_or(20);
     let keep_going = env_u64("KEYSERIAL_CHAOS_KEEP_GOING").unwrap_or(0) != 0;
+    let verbose = env_u64("KEYSERIAL_CHAOS_VERBOSE").unwrap_or(0) != 0;
     let mut seed = env_u64("KEYSERIAL_CHAOS_SEED").unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -1239,6 +1251,9 @@ fn chaos_rounds() {
     let mut failures = Vec::new();
     loop {
         let opts = Opts::random(seed);
+        if verbose {
+            eprintln!("chaos round {} seed {seed:#x}: {opts:?}", rounds + 1);
+        }
         let t = Instant::now();
         let violations = round(&opts);
         rounds += 1;
