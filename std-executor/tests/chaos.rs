@@ -635,7 +635,7 @@ impl Future for ChaosFuture {
         }
         if this.pendings > 0 {
             this.pendings -= 1;
-            if this.wake_self && this.pendings % 2 == 0 {
+            if this.wake_self && this.pendings.is_multiple_of(2) {
                 cx.waker().wake_by_ref();
             }
             let _ = this.tok.model.waker_tx.send(cx.waker().clone());
@@ -849,7 +849,7 @@ fn producer(s: Arc<Ser>, m: Arc<Model>, p: usize, stop: Arc<AtomicBool>) -> Hand
 /// calls `shutdown_now` in the middle of the storm.
 fn control(s: Arc<Ser>, m: Arc<Model>, stop: Arc<AtomicBool>, start: Instant) {
     let me = "control";
-    let mut r = Rng::new(m.opts.seed ^ 0xC0_47_20_1);
+    let mut r = Rng::new(m.opts.seed ^ 0xC047_2001);
     let mut last_resume_all = Instant::now();
     let mut stopped = false;
     let no_cancel_after_stop = env_u64("KEYSERIAL_CHAOS_NO_CANCEL_AFTER_STOP").unwrap_or(0) != 0;
