@@ -1188,7 +1188,12 @@ fn check(m: &Model, handles: Handles) {
         if !h.is_finished() {
             continue; // reported above
         }
-        let ok = match h.join() {
+        let res = h.join();
+        let outcome = match &res {
+            Ok(v) => format!("Ok({v})"),
+            Err(e) => format!("{e:?}"),
+        };
+        let ok = match res {
             Ok(v) => v == rec.id && runs == 1 && completed && !rec.panics,
             Err(TaskError::Panicked(p)) => {
                 p.into_panic().is::<Boom>()
@@ -1205,7 +1210,8 @@ fn check(m: &Model, handles: Handles) {
         };
         if !ok {
             m.fail(format!(
-                "{what}: handle resolved to something else (see its record)"
+                "{what}: handle resolved {outcome}; key ever paused {}",
+                m.key(rec.key).ever_paused.load(Ordering::SeqCst)
             ));
         }
     }
