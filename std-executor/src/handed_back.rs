@@ -36,9 +36,10 @@ use crate::key::{KeyEntry, Runnable};
 use crate::key_control::{
     hold_chain, owns_chain_here, park_or_schedule, running_direct, Held, ON_WORKER_TRIES,
 };
+use crate::phase::AfterTask;
 use crate::route::entry_for;
 use crate::shared::Shared;
-use crate::task::{Abandon, TaskRef};
+use crate::task::TaskRef;
 use crate::user;
 
 impl<K> crate::pending::KeyRunner<K> for Shared<K>
@@ -92,16 +93,17 @@ where
         );
     }
     let on_worker = crate::running::on_worker_of(sh.id());
-    let held = loop {
-        // SAFETY: `entry` is our table's, kept allocated by `guard`.
-        match unsafe { hold_chain(sh, entry, false, true) } {
-            Held::Busy if !on_worker && !stopped() => continue,
-            h => break h,
-        }
+    // An outside holder of the key's chain (`baton.rs`): `shutdown_now` stops it, and steals
+    // the chain while the task runs, as from a worker.
+    let Some(reg) = sh.outside_holds().register() else {
+        ks.control.unhold();
+        return crate::pending::run_fresh(hooks, key, task);
     };
+    // SAFETY: `entry` is our table's, kept allocated by `guard`.
+    let held = unsafe { hold_chain(sh, entry, &reg, on_worker) };
     match held {
         Held::Baton => {}
-        Held::Busy if on_worker => {
+        Held::Busy => {
             ks.control.unhold();
             return crate::state_hold::fail(
                 task,
@@ -110,32 +112,49 @@ where
             );
         }
         // Released by `shutdown_now` (retired), or stopped while we waited.
-        Held::Retired | Held::Busy | Held::Mine => {
+        Held::Retired | Held::Stopped | Held::Mine => {
             ks.control.unhold();
             return crate::pending::run_fresh(hooks, key, task);
         }
     }
-    // We hold the baton and the key (its new plain items queue on the chain): wait for a plain
-    // task of the key that runs straight from its lane or a deferral, if one does.
+    // We hold the baton (`BUSY`) and the key (its new plain items queue on the chain): wait
+    // for a plain task of the key that runs straight from its lane or a deferral, if one does.
     let backoff = crossbeam_utils::Backoff::new();
     let mut waited = 0u32;
+    let give_up = |why: Option<&'static str>, task: TaskRef| {
+        ks.control.unhold();
+        // SAFETY: we hold the baton.
+        unsafe { give_back(sh, ptr) };
+        reg.phase.leave_busy();
+        match why {
+            Some(why) => crate::state_hold::fail(task, why),
+            None => crate::pending::run_fresh(hooks, key, task),
+        }
+    };
     while running_direct(sh, lane, hash) {
         waited += 1;
         if on_worker && waited > ON_WORKER_TRIES {
-            ks.control.unhold();
-            // SAFETY: we hold the baton.
-            unsafe { give_back(sh, ptr) };
-            return crate::state_hold::fail(
+            return give_up(
+                Some(
+                    "a state task handed back by cancel_key was run on a worker while its key \
+                     stayed busy: a worker does not wait for another",
+                ),
                 task,
-                "a state task handed back by cancel_key was run on a worker while its key \
-                 stayed busy: a worker does not wait for another",
             );
+        }
+        if reg.phase.stop_requested() {
+            return give_up(None, task); // `shutdown_now` waits for us: the chain goes to it
         }
         crate::sync::snooze(&backoff);
     }
+    reg.set_current(ptr);
+    if !reg.phase.enter_running() {
+        return give_up(None, task); // stopped meanwhile
+    }
     ks.seen.set_running(true);
     {
-        // SAFETY: we hold the chain's baton: the key's state is ours to hand over.
+        // SAFETY: we hold the chain's baton: the key's state is ours to hand over (a
+        // `shutdown_now` that steals the chain meanwhile leaves the state alone).
         let slot = unsafe { ks.state.slot() };
         let mut source = crate::state::EntrySource {
             slot,
@@ -146,8 +165,23 @@ where
     }
     ks.seen.set_running(false);
     ks.control.unhold();
-    // SAFETY: we hold the baton.
-    unsafe { give_back(sh, ptr) };
+    match reg.phase.leave_running() {
+        AfterTask::Stolen => {
+            // `shutdown_now` took the chain while the task ran: the state goes to the key's
+            // handed-back tasks through our `lent` slot, as a worker's does.
+            if hooks.on {
+                // SAFETY: the thief never touches a stolen chain's state, and the task that
+                // used it has returned: we are its last user.
+                let state = unsafe { ks.state.take() };
+                crate::state_hold::worker_returns(&reg.lent, state);
+            }
+        }
+        AfterTask::Continue | AfterTask::HandBack => {
+            // SAFETY: we hold the baton.
+            unsafe { give_back(sh, ptr) };
+        }
+    }
+    reg.phase.leave_busy();
 }
 
 /// [`run_handed_back`] gives the key's chain back: as `cancel_key` does (a paused key's parked,
@@ -172,15 +206,10 @@ where
     let e = unsafe { entry.as_ref() };
     let ks = e.value();
     if sh.lifecycle().is_stopped() {
-        let mut tasks: Vec<TaskRef> = Vec::new();
-        // SAFETY: we hold the baton.
-        unsafe { crate::key::drain_chain(e, &mut tasks) };
-        ks.seen.left(tasks.len());
-        sh.count_dropped_outside(tasks.len() as u64);
-        for t in tasks {
-            sh.release_slot();
-            t.abandon(Abandon::Cancelled);
-        }
+        // `shutdown_now` is waiting for us to leave `BUSY` (`baton.rs`), before it drains the
+        // ready queues: it hands back what the chain holds, and releases the key.
+        sh.global().push(Runnable::Chain(entry));
+        return;
     }
     // SAFETY: we hold the baton.
     let queued = unsafe { ks.chain.peek() }.is_some();

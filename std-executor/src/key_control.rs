@@ -139,6 +139,14 @@ where
         // SAFETY: the steal gave us the chain's baton, so the entry is alive.
         let ks = unsafe { e.as_ref() }.value();
         ks.control.forget_wait();
+        if !ks.control.is_paused_by_user() {
+            // Parked for a `cancel_key`'s hold (or resumed meanwhile), not for a pause: its
+            // tasks run as any key's at a graceful shutdown (issue "Baton": they were
+            // cancelled). Parked again while held, else scheduled.
+            // SAFETY: the steal gave us the chain's baton.
+            unsafe { park_or_schedule(sh, e) };
+            continue;
+        }
         let mut tasks: Vec<TaskRef> = Vec::new();
         // SAFETY: we own the chain.
         unsafe { crate::key::drain_chain(e.as_ref(), &mut tasks) };
@@ -156,38 +164,45 @@ where
     cancelled
 }
 
-/// How `cancel_key` came to hold a key's chain ([`hold_chain`]).
+/// How an outside holder (`baton.rs`) came to hold a key's chain ([`hold_chain`]).
 pub(crate) enum Held {
     /// The chain is retired (`shutdown_now` released the key): nothing to take.
     Retired,
     /// The caller holds the chain's baton, taken from a pause's or a permit's parked wait, or
-    /// claimed idle (never from a pending future, which is the key's running task).
+    /// claimed idle (never from a pending future, which is the key's running task). Its
+    /// registration is `BUSY`: it gives the chain back before it leaves `BUSY`.
     Baton,
-    /// The calling thread is the chain's owner, inside one of the key's tasks: it may take
-    /// what is queued (the owner's loop pops again after the task returns).
+    /// The calling thread is the chain's owner, inside one of the key's tasks, and has
+    /// suspended its `RUNNING` phase (`Phase::suspend_running`): it may take what is queued
+    /// (the owner's loop pops again after the task returns) and resumes `RUNNING` when done.
     Mine,
     /// Called from one of the serializer's workers, which must not wait for another worker:
     /// the chain stayed busy, nothing was taken.
     Busy,
+    /// `shutdown_now` stopped the holder (or had stolen the key's chain from its own task):
+    /// nothing taken; `shutdown_now` hands back what is queued.
+    Stopped,
 }
 
 /// How many times `hold_chain` looks again, on a worker, before it gives up (each look a
 /// backoff step: about a millisecond in all).
 pub(crate) const ON_WORKER_TRIES: u32 = 200;
 
-/// `cancel_key`: waits until it can take `entry`'s queued tasks. The key must be held
-/// (`Control::hold`), so that a worker draining the chain parks it at its next pop; waiting
-/// here is waiting for the key's running task (a pending future included), if it runs from the
-/// chain. A chain parked for a pause or for permits is taken from its wait (a permit request is
-/// withdrawn); an idle one is claimed. On a worker (`on_worker`) it gives up after a short
-/// while ([`Held::Busy`]).
+/// An outside holder (`baton.rs`, registered as `hold`): waits until it can take `entry`'s
+/// chain baton. The key must be held (`Control::hold`), so that a worker draining the chain
+/// parks it at its next pop; waiting here is waiting for the key's running task (a pending
+/// future included), if it runs from the chain. A chain parked for a pause or for permits is
+/// taken from its wait (a permit request is withdrawn); an idle one is claimed. Each attempt
+/// is made `BUSY`, and the holder stays `BUSY` when it returns [`Held::Baton`]. On a worker
+/// (`on_worker`) it gives up after a short while ([`Held::Busy`]); once `shutdown_now` stopped
+/// the holder, at once ([`Held::Stopped`]).
 ///
 /// # Safety
 /// `entry` is an entry of `sh`'s table, kept allocated by the caller's epoch guard.
 pub(crate) unsafe fn hold_chain<K>(
     sh: &Shared<K>,
     entry: &KeyEntry<K>,
-    on_owner: bool,
+    hold: &crate::baton::OutsideHold<K>,
     on_worker: bool,
 ) -> Held
 where
@@ -198,11 +213,12 @@ where
     let backoff = crossbeam_utils::Backoff::new();
     let mut waited = 0u32;
     loop {
-        if ks.chain.is_retired() {
-            return Held::Retired;
+        if !hold.phase.enter_busy() {
+            return Held::Stopped;
         }
-        if on_owner {
-            return Held::Mine;
+        if ks.chain.is_retired() {
+            hold.phase.leave_busy();
+            return Held::Retired;
         }
         if let Some(id) = ks.control.wait_id() {
             if let Some(w) = sh.permit_waits().get(id) {
@@ -226,6 +242,9 @@ where
             }
         } else if ks.chain.try_claim() {
             return Held::Baton;
+        }
+        if hold.phase.leave_busy() {
+            return Held::Stopped;
         }
         if on_worker {
             // A worker must not wait for another worker (there may be none to come): it gives

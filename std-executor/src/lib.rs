@@ -206,6 +206,7 @@ mod loom_fifo;
 mod route;
 
 // The chain path.
+mod baton;
 mod control;
 mod handed_back;
 mod idle;

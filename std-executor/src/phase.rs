@@ -21,6 +21,8 @@
 //! | `RUNNING -> BUSY` (CAS loop, keeps flags) | worker, after a task | reports `STOLEN` (do not touch the chain) or `STOP` (hand back the queue) |
 //! | `-> IDLE` (`fetch_and`, keeps flags) | worker, holding nothing | — |
 //! | `fetch_or(STOP)`, then `RUNNING -> RUNNING|STOLEN` (CAS) | `shutdown_now` | — |
+//! | `RUNNING -> BUSY` (CAS loop, keeps flags) | worker, inside a task of its chain's key, before it takes that chain's queue itself (`cancel_key` from the key's own task) | fails if `STOLEN`: the queue is `shutdown_now`'s |
+//! | `BUSY -> RUNNING` (CAS loop, keeps flags) | the same worker, when done, back inside its task | — (a waiting `shutdown_now` then steals) |
 //!
 //! `shutdown_now` sets `STOP` and then waits while the worker is `BUSY`. A `BUSY` worker runs
 //! user code only briefly and never unwinds out of it (`user.rs`): a superseded closure's
@@ -143,6 +145,47 @@ impl Phase {
                 Ok(prev) if prev & STOLEN != 0 => return AfterTask::Stolen,
                 Ok(prev) if prev & STOP != 0 => return AfterTask::HandBack,
                 Ok(_) => return AfterTask::Continue,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Worker, inside a task of the chain it runs: leaves `RUNNING` for `BUSY` (keeping the
+    /// flags) so that it may touch its chain's queue from inside the task (`cancel_key` of the
+    /// key's own task) without `shutdown_now` stealing the queue meanwhile: `shutdown_now`
+    /// waits while the worker is `BUSY`. `false` (nothing changed): `shutdown_now` already
+    /// stole the chain, whose queue is not the worker's any more.
+    pub fn suspend_running(&self) -> bool {
+        let mut cur = self.0.load(Ordering::Acquire);
+        loop {
+            debug_assert_eq!(cur & MASK, RUNNING, "suspended from inside a task");
+            if cur & STOLEN != 0 {
+                return false;
+            }
+            let new = (cur & !MASK) | BUSY;
+            match self
+                .0
+                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Worker: back to `RUNNING` after [`suspend_running`](Phase::suspend_running), keeping the
+    /// flags (also `STOP`: a `shutdown_now` waiting for `BUSY` to end then steals the chain, as
+    /// from any worker inside a task). A release: the thief sees the queue as it was left.
+    pub fn resume_running(&self) {
+        let mut cur = self.0.load(Ordering::Acquire);
+        loop {
+            debug_assert_eq!(cur & MASK, BUSY, "resumed after a suspend");
+            let new = (cur & !MASK) | RUNNING;
+            match self
+                .0
+                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
                 Err(actual) => cur = actual,
             }
         }

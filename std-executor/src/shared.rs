@@ -88,6 +88,8 @@ pub(crate) struct Shared<K> {
     /// 0 when not starved. Drives the elastic pool.
     starved_since: AtomicU64,
     permit_waits: PermitWaits<K>,
+    /// Chain batons held outside the workers (`baton.rs`).
+    outside_holds: crate::baton::OutsideHolds<K>,
     /// With `max_keys`: the key budget, and the one FIFO of idle keys that workers and
     /// submitters share (`key_budget.rs`).
     budget: Option<crate::sync::Arc<crate::key_budget::KeyBudget>>,
@@ -246,7 +248,12 @@ impl<K> Shared<K> {
         &self.starved_since
     }
 
-    /// Chains parked on permits.
+    /// Chain batons held outside the workers (`baton.rs`).
+    pub(crate) fn outside_holds(&self) -> &crate::baton::OutsideHolds<K> {
+        &self.outside_holds
+    }
+
+    /// The registry of parked chains (`permit_wait.rs`).
     pub(crate) fn permit_waits(&self) -> &PermitWaits<K> {
         &self.permit_waits
     }
@@ -369,6 +376,7 @@ where
             outside: Outside::default(),
             starved_since: AtomicU64::new(0),
             permit_waits: PermitWaits::new(),
+            outside_holds: crate::baton::OutsideHolds::default(),
             budget: config.max_keys.map(crate::key_budget::KeyBudget::new),
             shared_idle: config
                 .max_keys

@@ -233,12 +233,31 @@ where
             e.value().control.unhold(); // released under us: again, on its new entry
         };
         let ks = entry.value();
-        let on_owner = crate::key_control::owns_chain_here(sh, entry);
         let on_worker = crate::worker::on_worker_of(sh.id());
-        // SAFETY: `entry` is our table's, kept allocated by `guard`.
-        let held = unsafe { crate::key_control::hold_chain(sh, entry, on_owner, on_worker) };
-        if matches!(held, Held::Busy) {
-            // From a worker, behind another worker's hold of the key's queue: nothing taken.
+        // Who takes the key's chain (`baton.rs`): this worker, from inside a task of the key's
+        // own chain (its phase suspended from `RUNNING` meanwhile, so that `shutdown_now` does
+        // not steal the chain under us), or a registered outside holder.
+        let mine = crate::key_control::owns_chain_here(sh, entry)
+            .then(|| crate::running::current_slot(sh.id()))
+            .flatten()
+            .map(|i| &sh.slots()[i].phase);
+        let mut registration = None;
+        let held = match mine {
+            Some(phase) if phase.suspend_running() => Held::Mine,
+            Some(_) => Held::Stopped, // `shutdown_now` stole the chain: its queue is handed back
+            None => match sh.outside_holds().register() {
+                None => Held::Stopped,
+                Some(r) => {
+                    // SAFETY: `entry` is our table's, kept allocated by `guard`.
+                    let h = unsafe { crate::key_control::hold_chain(sh, entry, &r, on_worker) };
+                    registration = Some(r);
+                    h
+                }
+            },
+        };
+        if matches!(held, Held::Busy | Held::Stopped) {
+            // From a worker, behind another worker's hold of the key's queue, or after
+            // `shutdown_now` (which hands back everything queued): nothing taken.
             ks.control.unhold();
             crate::trace::control(sh.labeler(), "cancel_key", key, || hash, 0);
             return Vec::new();
@@ -248,7 +267,7 @@ where
         // Everything of the key that has not started is now in the chain (ours to pop), the
         // lane's deferrals or the lane: take the lane, so that nothing moves meanwhile.
         let drain_chain = |from_chain: &mut Vec<TaskRef>| {
-            if matches!(held, Held::Retired) {
+            if !matches!(held, Held::Baton | Held::Mine) {
                 return;
             }
             // SAFETY: we hold the chain's baton, or are its owner inside its task.
@@ -291,15 +310,25 @@ where
         ks.seen.left(from_chain.len());
         // Give the chain back (never one parked for a pending future: that is the key's
         // running task, waited for by `hold_chain`): a key paused by the user parks; otherwise
-        // a worker releases the (empty) chain.
+        // a worker releases the (empty) chain. Before leaving `BUSY` (`baton.rs`): a
+        // `shutdown_now` waiting for us then finds the chain parked or queued.
         ks.control.unhold();
         match held {
             Held::Baton => {
                 // SAFETY: we hold the baton.
                 unsafe { crate::key_control::park_or_schedule(sh, NonNull::from(entry)) };
+                if let Some(r) = &registration {
+                    r.phase.leave_busy();
+                }
             }
-            Held::Mine | Held::Retired | Held::Busy => {}
+            Held::Mine => {
+                if let Some(phase) = mine {
+                    phase.resume_running();
+                }
+            }
+            Held::Retired | Held::Busy | Held::Stopped => {}
         }
+        drop(registration);
         if let Some(Err(payload)) = walked {
             // The key's `Eq` panicked in the walk: what was taken resolves `Cancelled` (as if
             // handed back and dropped), and the panic reaches the caller.

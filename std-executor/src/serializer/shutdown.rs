@@ -131,7 +131,14 @@ where
             // the queued tasks are handed back, the entry is left alone (freed with the table,
             // after every worker is gone), and its state comes to the key's handed-back tasks
             // once the task returned (`state_hold.rs`).
-            self.drain_queued_into(e, i, &mut out, &mut holds);
+            let lent = &sh.slots()[i].lent;
+            self.drain_queued_into(e, lent, i, &mut out, &mut holds);
+        }
+        // The same for the chains held outside the workers (`baton.rs`): `cancel_key`s and
+        // runs of the state tasks it handed back, stopped (waited for while they hold a chain
+        // between two steps) and stolen from while inside a task.
+        for (hold, e) in sh.outside_holds().stop_all() {
+            self.drain_queued_into(e, &hold.lent, usize::MAX, &mut out, &mut holds);
         }
         // What workers handed back of the chains they held (they do so before going idle,
         // which `stop` waited for).
@@ -254,6 +261,8 @@ where
     ) -> Vec<PendingTask<K>> {
         let sh = &*self.shared;
         let guard = sh.pin();
+        // How long, in all, to wait for chains about to be let go (`take_idle_state`).
+        let mut patience = Duration::from_millis(100);
         out.into_iter()
             .map(|p| {
                 let Some(key) = p.key().filter(|_| !p.is_backed()) else {
@@ -270,10 +279,10 @@ where
                 let state = crate::user::catch(|| sh.table().get(key, &guard))
                     .ok()
                     .flatten()
-                    .and_then(|e| self.take_idle_state(e));
-                if state.is_none() && !p.is_state_task() {
-                    return p; // no state to keep alive, none to make
-                }
+                    .and_then(|e| self.take_idle_state(e, &mut patience));
+                // A holder even for a plain task without state: the key's next tasks find it
+                // and do not look for the key's state again (issue "Baton": a `shutdown_now`
+                // spun 100 ms per handed-back task of a key whose chain it could not claim).
                 let Ok(k) = crate::user::catch(|| key.clone()) else {
                     if let Some(st) = state {
                         sh.state_hooks().release(key, st);
@@ -288,14 +297,21 @@ where
     }
 
     /// The state of `entry`, an idle key's: claims its chain (waiting a little for a holder
-    /// about to let go, such as an exiting worker's reaper, which may release the state first),
+    /// about to let go, such as an exiting worker's reaper, which may release the state first,
+    /// for at most what is left of `patience`, shared by every key of one `shutdown_now`),
     /// takes the state, then releases and retires the key.
-    fn take_idle_state(&self, entry: &KeyEntry<K>) -> Option<crate::state::Erased> {
+    fn take_idle_state(
+        &self,
+        entry: &KeyEntry<K>,
+        patience: &mut Duration,
+    ) -> Option<crate::state::Erased> {
         let ks = entry.value();
         let backoff = crossbeam_utils::Backoff::new();
-        let deadline = Instant::now() + Duration::from_millis(100);
+        let start = Instant::now();
+        let deadline = start + *patience;
         loop {
             if ks.chain.is_retired() || Instant::now() > deadline {
+                *patience = patience.saturating_sub(start.elapsed());
                 return None;
             }
             if ks.chain.try_claim() {
@@ -310,14 +326,16 @@ where
         state
     }
 
-    /// `drain_into` for a chain taken from a worker still inside one of its tasks: hands back
-    /// what is queued and leaves the chain, its entry and its state as they are.
-    /// With key state, the key's holder is lent: the worker of slot `slot` gives the state to
-    /// it when its task returns (`state_hold.rs`); made even if nothing is handed back, so that
-    /// the state still goes through the hook (when the worker drops the holder).
+    /// `drain_into` for a chain taken from a worker (or an outside holder, `baton.rs`) still
+    /// inside one of its tasks: hands back what is queued and leaves the chain, its entry and
+    /// its state as they are. With key state, the key's holder is lent: the worker of slot
+    /// `slot` (`usize::MAX`: an outside holder) gives the state to it through `lent` when its
+    /// task returns (`state_hold.rs`); made even if nothing is handed back, so that the state
+    /// still goes through the hook (when the worker drops the holder).
     fn drain_queued_into(
         &self,
         e: NonNull<KeyEntry<K>>,
+        lent: &crate::sync::Mutex<crate::state_hold::Lent<K>>,
         slot: usize,
         out: &mut Vec<PendingTask<K>>,
         holds: &mut Holds<K>,
@@ -335,7 +353,6 @@ where
             let Ok(key) = crate::user::catch(|| entry.key().clone()) else {
                 return; // its state stays with the worker, and goes with the table
             };
-            let lent = &sh.slots()[slot].lent;
             let h = crate::state_hold::take_lent(lent, key, sh.state_hooks(), sh.id(), slot);
             attach(&mut out[start..], &h);
             // Also for the key's tasks still in its lane, handed back later.
