@@ -61,6 +61,9 @@ impl<K> OutsideHold<K> {
     }
 }
 
+/// A holder `shutdown_now` stole a chain from, and the chain's entry ([`OutsideHolds::stop_all`]).
+pub(crate) type StoleFrom<K> = (Arc<OutsideHold<K>>, NonNull<KeyEntry<K>>);
+
 struct Inner<K> {
     /// `shutdown_now` walked the registry: nobody registers any more.
     closed: bool,
@@ -124,7 +127,7 @@ impl<K> OutsideHolds<K> {
     /// `shutdown_now`: closes the registry and stops every holder in it (`Phase::stop`: waits
     /// while one is `BUSY`); returns the holders it stole a chain from (inside a task), each
     /// with that chain's entry.
-    pub(crate) fn stop_all(&self) -> Vec<(Arc<OutsideHold<K>>, NonNull<KeyEntry<K>>)> {
+    pub(crate) fn stop_all(&self) -> Vec<StoleFrom<K>> {
         let holds = {
             let mut i = lock(&self.inner);
             i.closed = true;
