@@ -302,8 +302,10 @@ fn handed_back_run_against_stop_all_each_task_once() {
 /// task returns and the worker leaves `RUNNING` as usual. `shutdown_now`'s `Phase::stop` races
 /// it and hands back the chain's queue if it stole the chain.
 ///
-/// Seeded bug that failed it: `cancel_key` popping without suspending `RUNNING` (the bug the
-/// suspend fixed: it and `shutdown_now`'s steal both popped the chain).
+/// Seeded bugs that failed it: `cancel_key` popping without suspending `RUNNING` (the bug the
+/// suspend fixed: it and `shutdown_now`'s steal both popped the chain); `suspend_running` not
+/// refusing once `STOLEN` (the same double pop). Also `Phase::stop` not waiting out `BUSY`
+/// (which fails models a, b and c).
 #[test]
 fn cancel_key_inside_its_task_against_stop_each_task_once() {
     static SEEN: [std::sync::atomic::AtomicUsize; 5] = counters!(5);
