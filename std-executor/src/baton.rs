@@ -34,7 +34,10 @@
 //! So each chain's baton has one holder at a time, and `shutdown_now` ends holding, or having
 //! handed over, every baton: nothing queued is missed, nothing is taken twice.
 //!
-//! Loom model: `loom/tests/baton.rs` (a holder racing `shutdown_now`'s close and stop).
+//! Loom models: `loom/tests/baton.rs`, over this registry (through `loom_hooks`), the real
+//! `Phase` and core chain: a `cancel_key` holder racing `shutdown_now`'s close and stop, a
+//! handed-back run stolen from while `RUNNING`, `cancel_key` from inside its key's own task
+//! (`Phase::suspend_running`), and a hold's parked chain at a graceful shutdown.
 
 use std::ptr::NonNull;
 
@@ -61,8 +64,8 @@ impl<K> OutsideHold<K> {
     }
 }
 
-/// A holder `shutdown_now` stole a chain from, with that chain's entry.
-pub(crate) type Stolen<K> = (Arc<OutsideHold<K>>, NonNull<KeyEntry<K>>);
+/// A holder `shutdown_now` stole a chain from, and the chain's entry ([`OutsideHolds::stop_all`]).
+pub(crate) type StoleFrom<K> = (Arc<OutsideHold<K>>, NonNull<KeyEntry<K>>);
 
 struct Inner<K> {
     /// `shutdown_now` walked the registry: nobody registers any more.
@@ -127,7 +130,7 @@ impl<K> OutsideHolds<K> {
     /// `shutdown_now`: closes the registry and stops every holder in it (`Phase::stop`: waits
     /// while one is `BUSY`); returns the holders it stole a chain from (inside a task), each
     /// with that chain's entry.
-    pub(crate) fn stop_all(&self) -> Vec<Stolen<K>> {
+    pub(crate) fn stop_all(&self) -> Vec<StoleFrom<K>> {
         let holds = {
             let mut i = lock(&self.inner);
             i.closed = true;
@@ -141,6 +144,60 @@ impl<K> OutsideHolds<K> {
                 Some((h, e))
             })
             .collect()
+    }
+}
+
+/// Thin wrappers over the registry for the loom models (`loom/tests/baton.rs`), `cfg(loom)`
+/// only: a holder's chain is named by a non-zero tag instead of a key entry (the models have
+/// no table; the tag is never dereferenced).
+#[cfg(loom)]
+pub mod loom_hooks {
+    use std::ptr::NonNull;
+
+    use super::{OutsideHolds, Registered};
+    use crate::key::KeyEntry;
+    use crate::phase::Phase;
+
+    /// The registry of outside holders ([`OutsideHolds`]).
+    #[derive(Default)]
+    pub struct Holds(OutsideHolds<u32>);
+
+    /// A registration ([`Registered`]), removed from the registry when dropped.
+    pub struct Hold<'a>(Registered<'a, u32>);
+
+    impl Holds {
+        /// An open registry.
+        pub fn new() -> Holds {
+            Holds::default()
+        }
+
+        /// [`OutsideHolds::register`]: `None` once [`stop_all`](Holds::stop_all) closed it.
+        pub fn register(&self) -> Option<Hold<'_>> {
+            self.0.register().map(Hold)
+        }
+
+        /// [`OutsideHolds::stop_all`]: the tags of the chains it stole (holders inside a task).
+        pub fn stop_all(&self) -> Vec<usize> {
+            self.0
+                .stop_all()
+                .into_iter()
+                .map(|(_, e)| e.as_ptr() as usize)
+                .collect()
+        }
+    }
+
+    impl Hold<'_> {
+        /// The holder's phase word.
+        pub fn phase(&self) -> &Phase {
+            &self.0.phase
+        }
+
+        /// [`OutsideHold::set_current`](super::OutsideHold::set_current) with chain `tag`
+        /// (non-zero).
+        pub fn set_current(&self, tag: usize) {
+            let e = NonNull::new(tag as *mut KeyEntry<u32>).expect("a non-zero tag");
+            self.0.set_current(e);
+        }
     }
 }
 
