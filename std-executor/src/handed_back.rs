@@ -25,10 +25,14 @@
 //! without the serializer) it runs against a fresh state from `init`, released right after:
 //! `shutdown_now` has moved or released the key's state, and no worker is left to give the
 //! baton to. At a graceful shutdown the baton is given back without relying on a worker when
-//! the chain is empty ([`give_back`] releases the key itself). A window remains: a
-//! `shutdown_now` that runs entirely between `give_back`'s check and its push of the chain onto
-//! the global queue leaves the chain there (its state then goes with the table, without the
-//! hook); `cancel_key`'s own give-back has the same window.
+//! the chain is empty ([`give_back`] releases the key itself).
+//!
+//! Against `shutdown_now`, the run is an outside holder of the chain (`baton.rs`): it takes
+//! and gives back the baton while `BUSY` (a `shutdown_now` waits for that, then finds the
+//! chain parked or on a ready queue: after a stop, `give_back` puts it on the global queue,
+//! which `shutdown_now` drains), and runs the task `RUNNING`, where `shutdown_now` steals the
+//! chain as from a worker: the tasks queued behind the run are handed back, and the key's
+//! state reaches their holder through the run's `lent` slot once the task returned.
 
 use std::ptr::NonNull;
 

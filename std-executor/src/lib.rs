@@ -164,11 +164,27 @@
 // | the facade | `serializer/` (`mod`: the type and its submit methods; `admit`: admission; `keys`: per-key control; `shutdown`: the shutdown family and `Drop`), `builder`, `policy`, `stats`, `error`, `pending` |
 // | shared state | `shared` (the routing state, behind accessors; the counts, summed in `Shared::tally`), `lifecycle` (flags, termination, threads, hand-backs, behind one lock), `slot` (a worker's slot), `sync` (std or loom) |
 // | the lane path (every keyed task) | `lanes`, `lane_task` (a task in a lane's slot), `inspect` (a lane taken for a moment from outside: key_stats, cancel_key), `route` (run it or queue it on its key's chain), `deferral` (a key deferred when its lane is taken over), `latest_cells` (`submit_latest`), `claims` (`submit_distinct`), `gate` (admission of unkeyed and latest tasks), `capacity` |
-// | the chain path (keys with state) | `key` (a key's entry and state), `idle`, `idle_word` (idle release), `permits`, `permit_wait` (permit-gated tasks), `control` (a key's pause word), `key_control` (pause and resume on the entry, chain and wait registry), `handed_back` (a state task `cancel_key` handed back, run with its key's chain), `key_budget` (`max_keys`) |
+// | the chain path (keys with state) | `baton` (a chain held outside the workers: `cancel_key`, handed-back runs; stopped and stolen from by `shutdown_now` like workers), `key` (a key's entry and state), `idle`, `idle_word` (idle release), `permits`, `permit_wait` (permit-gated tasks), `control` (a key's pause word), `key_control` (pause and resume on the entry, chain and wait registry), `handed_back` (a state task `cancel_key` handed back, run with its key's chain), `key_budget` (`max_keys`) |
 // | workers | `worker/` (its `mod.rs` lists its rooms), `phase` (what `shutdown_now` may take), `running` (what the worker on this thread is inside: the self-wait check), `sleep` (parking without lost wakeups), `supervisor` (the elastic pool) |
 // | tasks and handles | `task/` (type-erased task nodes), `future_task` (a future as a task: one allocation, its wakers), `wake_state` (a future's wake word), `nodes`, `slab` (their recycled memory), `handle` (`TaskHandle`), `state` (per-key state), `state_hold` (a key's state held by its handed-back tasks), `user` (the one boundary for user code: where it runs, what a panic in it does), `trace` (feature `tracing`) |
 // | the extras | `semaphore/`, `distinct/` (`DistinctQueue`) |
 // | beyond one machine (feature `redis`, public) | `stream/` (`partition`: Kafka's murmur2 partitioner; `id`: stream IDs; `watermark`; `producer`; `consumer`: ownership, claims, acks; `conn`: reconnecting connection and reply parsing; `entry`, `error`) |
+//
+// Who owns a key (issue "Baton"). A key's next task is run or touched only by the holder of
+// its chain's baton (core `chain`: the `ACTIVE` bit), or, for a plain closure of a key without
+// an active chain, by its lane's owner (the lane's direct run, `route.rs`: the one deliberate
+// exception). The baton is held by exactly one of: a ready queue; a worker draining the chain
+// (its slot's phase word, `phase.rs`); a parked wait (`permit_wait.rs`: permits or a pause);
+// a pending future's wake word (`wake_state.rs`); an outside holder (`baton.rs`: `cancel_key`,
+// a handed-back state task's run), or the releaser of an idle key (a worker's reaper, or a
+// submitter making room under `max_keys`, which claims only an empty chain). `shutdown_now`
+// takes a queue, a wait or a parked future over through that place's own word (one CAS that
+// decides against a grant, a resume or a waker), and every other holder that may hold tasks
+// (a worker, an outside holder) has a phase word that `shutdown_now` stops: it waits while the holder is
+// between two steps (`BUSY`) and steals the chain from one inside a task (`RUNNING`), so that
+// after its first step every baton is in a queue, a wait or `shutdown_now`'s hands, which it
+// then drains; a holder gives the baton back before it leaves `BUSY`, and takes nothing once
+// stopped. That is why nothing queued is missed or taken twice by a stop.
 //
 // A task in transit has one name per place it can be, outermost first: a `Job` is the user's
 // closure plus how its outcome is reported (`task/`); a `TaskRef` owns a type-erased node that

@@ -197,7 +197,9 @@ where
     /// complete (never for other keys' tasks; from inside that very task it takes the queue at
     /// once). Called from inside another task of the serializer, it never waits for long: if
     /// the key's queue stays held by another worker for about a millisecond, it takes nothing
-    /// and returns an empty `Vec`.
+    /// and returns an empty `Vec`. After [`shutdown_now`](Self::shutdown_now) (or while it runs)
+    /// it takes nothing and returns an empty `Vec` at once: `shutdown_now` hands back every
+    /// queued task.
     ///
     /// ```
     /// use std::sync::mpsc;
