@@ -393,6 +393,10 @@ impl Model {
         {
             st.init_panics += 1;
             drop(st);
+            if self.opts.pause_key_policy {
+                // A panicking `init` fails its task: `PanicPolicy::PauseKey` pauses the key.
+                self.key(key).ever_paused.store(true, Ordering::SeqCst);
+            }
             panic_any(Boom);
         }
         st.inits += 1;
