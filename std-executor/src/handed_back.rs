@@ -135,7 +135,23 @@ where
             None => crate::pending::run_fresh(hooks, key, task),
         }
     };
-    while running_direct(sh, lane, hash) {
+    loop {
+        // Looked at with the key's lane taken (`inspect.rs`) and each of its deferrals of the
+        // key visited under its lock: a router that sent a task of the key to run straight
+        // away (it found the chain idle, before our claim) announces it (the lane's word, or
+        // its slot's `direct_hash`) before it lets go of the lane or the deferral, so it is
+        // seen here; one that routes after our claim finds the chain active and queues behind
+        // us (issue "Baton": the chaos test saw a handed-back state task overlap a task of
+        // its key that ran straight from its lane).
+        let busy = crate::inspect::with_lane(sh, lane, |l| {
+            l.deferrals.visit_hash(hash, |_| false, |_| {});
+            running_direct(sh, lane, hash)
+        });
+        match busy {
+            Some(false) => break,
+            Some(true) => {}
+            None => return give_up(None, task), // `shutdown_now` has the lanes: stopped
+        }
         waited += 1;
         if on_worker && waited > ON_WORKER_TRIES {
             return give_up(

@@ -276,7 +276,20 @@ where
                 entry.value().idle.drop_item();
                 return false;
             }
-            None => {} // active again: the ordinary reap below drops the item
+            None => {
+                // Active again. Not the ordinary reap below: its `try_retire` would succeed on
+                // a chain released since our claim failed, and retire the key without its
+                // state's hook (issue "Baton": a state lost, found by the chaos test under
+                // `max_keys`, whose submitters reap keys active again).
+                let ks = entry.value();
+                if let Reap::Requeue(deadline) = ks.idle.active_again(&ks.chain, timeout) {
+                    fifo.push_back(IdleItem {
+                        entry: item.entry,
+                        deadline,
+                    });
+                }
+                return false;
+            }
         }
     }
     // SAFETY: every entry the executor handles comes from its one table, and `reap` answers

@@ -60,6 +60,14 @@ impl IdleWord {
         if chain.try_retire() {
             return Reap::Retired;
         }
+        self.active_again(chain, timeout)
+    }
+
+    /// The holder of the key's idle item found the chain active (its claim or retire failed):
+    /// drops the item, or keeps it ([`Reap::Requeue`]) if the chain was released again before
+    /// the drop. Never retires: with key state the key must be released by a claim
+    /// (`idle.rs`, `reap_with_state`), which takes the state first.
+    pub fn active_again<N: Linked>(&self, chain: &Chain<N>, timeout: u64) -> Reap {
         // Active again: drop our item; a later release queues a new one...
         self.0.fetch_and(!QUEUED, Ordering::AcqRel);
         // ...unless it was released before our fetch_and saw its swap: then re-queue it here.

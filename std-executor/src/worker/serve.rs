@@ -367,6 +367,10 @@ where
                 }
             };
             self.slot.current.store(0, Ordering::Relaxed);
+            // The key's running task is announced before the deferral's lock is let go: a
+            // handed-back state task's run (`handed_back.rs`) that visits the deferral under
+            // its lock then sees it (`key_control::running_direct`).
+            self.slot.direct_hash.store(hash | 1, Ordering::Relaxed);
             if !self.slot.phase.enter_running() {
                 next.push_front(item);
                 return true;
