@@ -36,6 +36,7 @@
 
 use std::ptr::NonNull;
 
+use crate::baton::OutsideHold;
 use crate::key::{KeyEntry, Runnable};
 use crate::key_control::{
     hold_chain, owns_chain_here, park_or_schedule, running_direct, Held, ON_WORKER_TRIES,
@@ -88,7 +89,9 @@ where
     };
     let ks = entry.value();
     let ptr = NonNull::from(entry);
-    if owns_chain_here(sh, entry) {
+    // SAFETY: only whether it is there is used.
+    let held_here = unsafe { crate::baton::held_here(sh.id(), ptr.as_ptr() as usize) }.is_some();
+    if owns_chain_here(sh, entry) || held_here {
         ks.control.unhold();
         return crate::state_hold::fail(
             task,
@@ -128,7 +131,7 @@ where
     let give_up = |why: Option<&'static str>, task: TaskRef| {
         ks.control.unhold();
         // SAFETY: we hold the baton.
-        unsafe { give_back(sh, ptr) };
+        unsafe { give_back(sh, ptr, &reg) };
         reg.phase.leave_busy();
         match why {
             Some(why) => crate::state_hold::fail(task, why),
@@ -173,6 +176,7 @@ where
     }
     ks.seen.set_running(true);
     {
+        let _here = crate::baton::running_here(sh.id(), ptr, &reg);
         // SAFETY: we hold the chain's baton: the key's state is ours to hand over (a
         // `shutdown_now` that steals the chain meanwhile leaves the state alone).
         let slot = unsafe { ks.state.slot() };
@@ -198,22 +202,25 @@ where
         }
         AfterTask::Continue | AfterTask::HandBack => {
             // SAFETY: we hold the baton.
-            unsafe { give_back(sh, ptr) };
+            unsafe { give_back(sh, ptr, &reg) };
         }
     }
     reg.phase.leave_busy();
 }
 
-/// [`run_handed_back`] gives the key's chain back: as `cancel_key` does (a paused key's parked,
-/// else to a worker, which releases it), unless
-/// the serializer is shutting down: its workers may be gone (or leave once nothing is
-/// outstanding), so an empty chain is released here, its state through the hook; after
-/// `shutdown_now`, tasks routed onto it while we held it are cancelled (`shutdown_now` could not
-/// take them).
+/// [`run_handed_back`] gives the key's chain back (its holder `reg` is `BUSY`): as `cancel_key`
+/// does (a paused key's parked, else to a worker, which releases it), unless the serializer is
+/// shutting down: its workers may be gone (or leave once nothing is outstanding), so an empty
+/// chain is released here, its state through the hook; after `shutdown_now`, the chain goes to
+/// the global queue, which `shutdown_now` drains once we leave `BUSY` (`baton.rs`).
+///
+/// The hook is user code: it runs with the holder `RUNNING`, as a task would, so that a
+/// `shutdown_now` meanwhile steals the chain instead of waiting for the hook (issue "Baton",
+/// a review: a `shutdown_now` waited 1.5 s for a slow hook).
 ///
 /// # Safety
 /// The caller holds `entry`'s chain baton.
-unsafe fn give_back<K>(sh: &Shared<K>, entry: NonNull<KeyEntry<K>>)
+unsafe fn give_back<K>(sh: &Shared<K>, entry: NonNull<KeyEntry<K>>, reg: &OutsideHold<K>)
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
@@ -239,16 +246,38 @@ where
         unsafe { park_or_schedule(sh, entry) };
         return;
     }
-    if ks.control.is_paused_by_user() {
-        // SAFETY: we hold the baton.
-        if let Some(st) = unsafe { ks.state.take() } {
-            hooks_release(sh, e, st);
+    // SAFETY: we hold the baton.
+    if let Some(st) = unsafe { ks.state.take() } {
+        reg.set_current(entry);
+        if !reg.phase.enter_running() {
+            // `shutdown_now` is waiting for us: the state goes back in the cell, and the chain
+            // to it (its drain releases the state).
+            // SAFETY: we hold the baton.
+            *unsafe { ks.state.slot() } = Some(st);
+            sh.global().push(Runnable::Chain(entry));
+            return;
         }
+        hooks_release(sh, e, st);
+        match reg.phase.leave_running() {
+            AfterTask::Continue => {}
+            AfterTask::Stolen => {
+                // The chain is `shutdown_now`'s; the state already went through the hook.
+                crate::state_hold::worker_returns(&reg.lent, None);
+                return;
+            }
+            AfterTask::HandBack => {
+                sh.global().push(Runnable::Chain(entry));
+                return;
+            }
+        }
+    }
+    if ks.control.is_paused_by_user() {
         // SAFETY: we hold the baton.
         unsafe { park_or_schedule(sh, entry) };
         return;
     }
-    // SAFETY: we hold the baton of the (empty) chain of an entry of our table.
+    // SAFETY: we hold the baton of the (empty) chain of an entry of our table (its state is
+    // gone: nothing of it runs in here).
     if !unsafe { crate::idle::release_drained(sh, entry) } {
         sh.schedule(Runnable::Chain(entry), None); // a push came in meanwhile
     }

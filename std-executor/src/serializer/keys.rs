@@ -13,6 +13,7 @@ use std::ptr::NonNull;
 use std::time::Duration;
 
 use super::Serializer;
+use crate::key::KeyEntry;
 use crate::key_control::{running_direct, Held};
 use crate::lane_task::LaneTask;
 use crate::pending::PendingTask;
@@ -242,7 +243,11 @@ where
         let mine = crate::key_control::owns_chain_here(sh, entry)
             .then(|| crate::running::current_slot(sh.id()))
             .flatten()
-            .map(|i| &sh.slots()[i].phase);
+            .map(|i| &*sh.slots()[i].phase)
+            // SAFETY: we are code of the task the hold runs (on this thread, below its run).
+            .or_else(|| unsafe {
+                crate::baton::held_here(sh.id(), entry as *const KeyEntry<K> as usize)
+            });
         let mut registration = None;
         let held = match mine {
             Some(phase) if phase.suspend_running() => Held::Mine,

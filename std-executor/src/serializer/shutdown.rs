@@ -138,7 +138,7 @@ where
         // runs of the state tasks it handed back, stopped (waited for while they hold a chain
         // between two steps) and stolen from while inside a task.
         for (hold, e) in sh.outside_holds().stop_all() {
-            self.drain_queued_into(e, &hold.lent, usize::MAX, &mut out, &mut holds);
+            self.drain_queued_into(e, &hold.lent, hold.lent_mark(), &mut out, &mut holds);
         }
         // What workers handed back of the chains they held (they do so before going idle,
         // which `stop` waited for).
@@ -329,7 +329,7 @@ where
     /// `drain_into` for a chain taken from a worker (or an outside holder, `baton.rs`) still
     /// inside one of its tasks: hands back what is queued and leaves the chain, its entry and
     /// its state as they are. With key state, the key's holder is lent: the worker of slot
-    /// `slot` (`usize::MAX`: an outside holder) gives the state to it through `lent` when its
+    /// `slot` (or the outside holder whose `lent_mark` it is) gives the state to it through `lent` when its
     /// task returns (`state_hold.rs`); made even if nothing is handed back, so that the state
     /// still goes through the hook (when the worker drops the holder).
     fn drain_queued_into(
