@@ -75,55 +75,61 @@ where
     };
     let lane = sh.lanes().index_of(hash);
     let guard = sh.pin();
-    let entry = user::catch(|| loop {
-        let e = entry_for(sh, key, lane, hash, &guard);
-        e.value().control.hold();
-        if !e.value().chain.is_retired() {
-            break e;
-        }
-        e.value().control.unhold(); // released under us: again, on its new entry
-    });
-    let entry = match entry {
-        Ok(e) => e,
-        Err(payload) => return task.fail(payload),
-    };
-    let ks = entry.value();
-    let ptr = NonNull::from(entry);
-    // SAFETY: only whether it is there is used.
-    let held_here = unsafe { crate::baton::held_here(sh.id(), ptr.as_ptr() as usize) }.is_some();
-    if owns_chain_here(sh, entry) || held_here {
-        ks.control.unhold();
-        return crate::state_hold::fail(
-            task,
-            "a state task handed back by cancel_key was run from inside a task of its own \
-             key: it would wait for itself",
-        );
-    }
     let on_worker = crate::running::on_worker_of(sh.id());
     // An outside holder of the key's chain (`baton.rs`): `shutdown_now` stops it, and steals
     // the chain while the task runs, as from a worker.
     let Some(reg) = sh.outside_holds().register() else {
-        ks.control.unhold();
         return crate::pending::run_fresh(hooks, key, task);
     };
-    // SAFETY: `entry` is our table's, kept allocated by `guard`.
-    let held = unsafe { hold_chain(sh, entry, &reg, on_worker) };
-    match held {
-        Held::Baton => {}
-        Held::Busy => {
+    let entry = loop {
+        let entry = user::catch(|| loop {
+            let e = entry_for(sh, key, lane, hash, &guard);
+            e.value().control.hold();
+            if !e.value().chain.is_retired() {
+                break e;
+            }
+            e.value().control.unhold(); // released under us: again, on its new entry
+        });
+        let entry = match entry {
+            Ok(e) => e,
+            Err(payload) => return task.fail(payload),
+        };
+        let ks = entry.value();
+        // SAFETY: only whether it is there is used.
+        let held_here =
+            unsafe { crate::baton::held_here(sh.id(), entry as *const KeyEntry<K> as usize) }
+                .is_some();
+        if owns_chain_here(sh, entry) || held_here {
             ks.control.unhold();
             return crate::state_hold::fail(
                 task,
-                "a state task handed back by cancel_key was run on a worker while its key \
-                 stayed busy: a worker does not wait for another",
+                "a state task handed back by cancel_key was run from inside a task of its own \
+                 key: it would wait for itself",
             );
         }
-        // Released by `shutdown_now` (retired), or stopped while we waited.
-        Held::Retired | Held::Stopped | Held::Mine => {
-            ks.control.unhold();
-            return crate::pending::run_fresh(hooks, key, task);
+        // SAFETY: `entry` is our table's, kept allocated by `guard`.
+        match unsafe { hold_chain(sh, entry, &reg, on_worker) } {
+            Held::Baton => break entry,
+            Held::Busy => {
+                ks.control.unhold();
+                return crate::state_hold::fail(
+                    task,
+                    "a state task handed back by cancel_key was run on a worker while its key \
+                     stayed busy: a worker does not wait for another",
+                );
+            }
+            // Released (idle) between our hold and our take: again, on the key's new entry
+            // (issue "Baton": a fresh state here ran beside the key's own tasks).
+            Held::Retired if !stopped() => ks.control.unhold(),
+            // Stopped (`shutdown_now` has the key's tasks and state).
+            Held::Retired | Held::Stopped | Held::Mine => {
+                ks.control.unhold();
+                return crate::pending::run_fresh(hooks, key, task);
+            }
         }
-    }
+    };
+    let ks = entry.value();
+    let ptr = NonNull::from(entry);
     // We hold the baton (`BUSY`) and the key (its new plain items queue on the chain): wait
     // for a plain task of the key that runs straight from its lane or a deferral, if one does.
     let backoff = crossbeam_utils::Backoff::new();
