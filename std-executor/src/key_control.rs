@@ -123,8 +123,9 @@ where
     }
 }
 
-/// At a graceful shutdown, once nothing else is left to run: the tasks held by paused keys'
-/// parked chains do not run; each resolves `Cancelled` (and is counted as dropped), and the
+/// At a graceful shutdown, once nothing else is left to run, by a worker that is `BUSY` (a
+/// `shutdown_now` waits for it; once one has begun, the chains go to it instead): the tasks
+/// held by paused keys' parked chains do not run; each resolves `Cancelled` (and is counted as dropped), and the
 /// chain stays parked (the key stays paused, so anything still routed onto it is cancelled by a
 /// later call). Returns how many tasks it cancelled.
 pub(crate) fn cancel_paused<K>(sh: &Shared<K>) -> usize
@@ -139,6 +140,12 @@ where
         // SAFETY: the steal gave us the chain's baton, so the entry is alive.
         let ks = unsafe { e.as_ref() }.value();
         ks.control.forget_wait();
+        if sh.lifecycle().is_stopped() {
+            // `shutdown_now` has begun: its tasks are its to hand back. The caller is `BUSY`,
+            // so `shutdown_now` drains the global queue only after this returns.
+            sh.global().push(Runnable::Chain(e));
+            continue;
+        }
         if !ks.control.is_paused_by_user() {
             // Parked for a `cancel_key`'s hold (or resumed meanwhile), not for a pause: its
             // tasks run as any key's at a graceful shutdown (issue "Baton": they were

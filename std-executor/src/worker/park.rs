@@ -93,8 +93,14 @@ where
         }
         if sh.outstanding() != 0 {
             // What paused keys hold does not run at shutdown: it is cancelled, so that it does
-            // not hold up termination (`key_control.rs`).
-            crate::key_control::cancel_paused(sh);
+            // not hold up termination (`key_control.rs`). `BUSY` meanwhile, as any holder of a
+            // chain (`baton.rs`): a `shutdown_now` waits for it, and it leaves every chain it
+            // took for `shutdown_now` once that has begun (issue "Baton": a stop's hand-back
+            // missed the tasks a worker was cancelling).
+            if self.slot.phase.enter_busy() {
+                crate::key_control::cancel_paused(sh);
+                self.slot.phase.leave_busy();
+            }
         }
         if sh.outstanding() == 0 && quiet() {
             sh.sleep().wake_all();
