@@ -145,6 +145,10 @@ where
         out.append(&mut sh.lifecycle().take_handed_back());
         // 2. Chains parked on permits or a pause, then those parked on their head future.
         for e in crate::permits::steal_all(sh) {
+            // A pause's wait is gone: its id goes too (outside the registry's lock, which a
+            // park takes under the key's control lock), or the key's next park would find it.
+            // SAFETY: the steal gave us the chain's baton, so the entry is alive.
+            unsafe { e.as_ref() }.value().control.forget_wait();
             self.drain_into(e, &mut out, &mut holds);
         }
         for e in self.steal_parked_futures() {
