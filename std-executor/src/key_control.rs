@@ -274,20 +274,36 @@ where
     if !sh.state_hooks().on {
         return;
     }
-    let mut stolen = Vec::new();
-    sh.permit_waits()
-        .steal_where(|p| p.why == ParkedFor::Pause, |p| stolen.push(p.entry));
-    for e in stolen {
-        // SAFETY: the steal gave us the chain's baton, so the entry is alive and the state ours.
-        let entry = unsafe { e.as_ref() };
-        entry.value().control.forget_wait();
-        // SAFETY: as above.
-        if let Some(st) = unsafe { entry.value().state.take() } {
-            sh.state_hooks().release(entry.key(), st);
+    // From the take to the give-back under the sweep lock: a `shutdown_now` (which takes every
+    // wait under it) comes before or after, never between, and so finds each chain (issue
+    // "Baton": an exiting worker's take hid a paused key's queued tasks from `shutdown_now`).
+    // The hooks run after, without it.
+    let mut released = Vec::new();
+    // Keeps the entries allocated until their hooks ran, whatever happens to their keys.
+    let guard = sh.pin();
+    {
+        let _sweep = sh.pause_sweep();
+        let mut stolen = Vec::new();
+        sh.permit_waits()
+            .steal_where(|p| p.why == ParkedFor::Pause, |p| stolen.push(p.entry));
+        for e in stolen {
+            // SAFETY: the steal gave us the chain's baton: the entry is alive, the state ours.
+            let entry = unsafe { e.as_ref() };
+            entry.value().control.forget_wait();
+            // SAFETY: as above.
+            if let Some(st) = unsafe { entry.value().state.take() } {
+                released.push((e, st));
+            }
+            // SAFETY: we still own the chain.
+            unsafe { park_or_schedule(sh, e) };
         }
-        // SAFETY: we still own the chain.
-        unsafe { park_or_schedule(sh, e) };
     }
+    for (e, st) in released {
+        // SAFETY: `guard` was pinned before we held the chain: the entry is not freed before
+        // it is dropped, even if the key was resumed and released meanwhile.
+        sh.state_hooks().release(unsafe { e.as_ref() }.key(), st);
+    }
+    drop(guard);
 }
 
 /// Whether a worker runs a task of key hash `hash` straight from lane `l` (a lane's word says
