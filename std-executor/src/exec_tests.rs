@@ -709,3 +709,48 @@ fn shutdown_now_steals_the_chain_of_a_running_handed_back_state_task() {
     let released = released.lock().unwrap();
     assert_eq!(*released, [(1, 301)], "one state, released once");
 }
+
+/// Issue "Baton", from a review: a state task handed back by `cancel_key`, run off the workers,
+/// cancels its own key from inside: the run's hold of the key's chain is found on its thread
+/// (`baton::held_here`) and suspended, as a worker's phase is, so the queue comes back at once
+/// (it waited for itself before).
+#[test]
+fn cancel_key_inside_a_handed_back_state_task_takes_its_keys_queue() {
+    let s: Arc<Serializer<u32, u32>> = Arc::new(
+        Builder::new()
+            .workers(1)
+            .key_state(|_: &u32| 0u32)
+            .build()
+            .unwrap(),
+    );
+    s.pause(&1);
+    let inner = s.clone();
+    let drops = Drops::default();
+    let c = drops.make(0);
+    let got = Arc::new(AtomicUsize::new(usize::MAX));
+    let g2 = got.clone();
+    let first = s
+        .submit_with_state(1, move |v: &mut u32| {
+            // Queued behind this run on the key's chain (the run holds it), then taken back.
+            let later = inner
+                .submit(1, move || {
+                    let _c = &c;
+                })
+                .unwrap();
+            let back = inner.cancel_key(&1);
+            g2.store(back.len(), Ordering::SeqCst);
+            drop(back);
+            assert!(matches!(later.join(), Err(TaskError::Cancelled)));
+            *v += 1;
+            *v
+        })
+        .unwrap();
+    let mut back = s.cancel_key(&1);
+    s.resume(&1);
+    back.pop().unwrap().run();
+    assert_eq!(first.join().unwrap(), 1);
+    assert_eq!(got.load(Ordering::SeqCst), 1);
+    assert_eq!(drops.count(), 1);
+    s.shutdown();
+    assert!(s.await_termination(Duration::from_secs(60)));
+}
