@@ -263,7 +263,12 @@ where
             sh.global().push(Runnable::Chain(entry));
             return;
         }
-        hooks_release(sh, e, st);
+        {
+            // The hook's own calls on the key (`cancel_key`, a run of another handed-back state
+            // task of it) find the chain held here, as a task's do.
+            let _here = crate::baton::running_here(sh.id(), entry, reg);
+            hooks_release(sh, e, st);
+        }
         match reg.phase.leave_running() {
             AfterTask::Continue => {}
             AfterTask::Stolen => {

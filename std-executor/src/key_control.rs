@@ -15,11 +15,12 @@ use std::ptr::NonNull;
 use crate::control::Resumed;
 use crate::key::{KeyEntry, Runnable};
 use crate::permit_wait::{Parked, ParkedFor};
+use crate::phase::AfterTask;
 use crate::route::entry_for;
 use crate::shared::Shared;
 use crate::sync::Mutex;
 use crate::sync::Ordering;
-use crate::task::{Abandon, TaskRef};
+use crate::task::TaskRef;
 
 /// Pauses `key` (see `control.rs`): makes its entry if it has none, marks it paused, and parks
 /// its chain at once if the chain is idle (else its holder parks it). Runs the key's `Hash` and
@@ -127,15 +128,18 @@ where
 /// `shutdown_now` waits for it; once one has begun, the chains go to it instead): the tasks
 /// held by paused keys' parked chains do not run; each resolves `Cancelled` (and is counted as dropped), and the
 /// chain stays parked (the key stays paused, so anything still routed onto it is cancelled by a
-/// later call). Returns how many tasks it cancelled.
-pub(crate) fn cancel_paused<K>(sh: &Shared<K>) -> usize
+/// later call). Returns the cancelled tasks, counted as dropped, for the caller to abandon
+/// (`Cancelled`) once it is no longer `BUSY`: their drops and their handles' wakers are user
+/// code, which may call `shutdown_now` (issue "Baton", a review: that waited for its own worker).
+#[must_use = "the cancelled tasks are abandoned by the caller, once it is not BUSY"]
+pub(crate) fn cancel_paused<K>(sh: &Shared<K>) -> Vec<TaskRef>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     let mut stolen = Vec::new();
     sh.permit_waits()
         .steal_where(|p| p.why == ParkedFor::Pause, |p| stolen.push(p.entry));
-    let mut cancelled = 0;
+    let mut cancelled = Vec::new();
     for e in stolen {
         // SAFETY: the steal gave us the chain's baton, so the entry is alive.
         let ks = unsafe { e.as_ref() }.value();
@@ -154,16 +158,15 @@ where
             unsafe { park_or_schedule(sh, e) };
             continue;
         }
-        let mut tasks: Vec<TaskRef> = Vec::new();
+        let before = cancelled.len();
         // SAFETY: we own the chain.
-        unsafe { crate::key::drain_chain(e.as_ref(), &mut tasks) };
-        cancelled += tasks.len();
+        unsafe { crate::key::drain_chain(e.as_ref(), &mut cancelled) };
+        let n = cancelled.len() - before;
         // A paused chain parks only before a task starts: nothing drained here had started.
-        ks.seen.left(tasks.len());
-        sh.count_dropped_outside(tasks.len() as u64);
-        for t in tasks {
+        ks.seen.left(n);
+        sh.count_dropped_outside(n as u64);
+        for _ in 0..n {
             sh.release_slot();
-            t.abandon(Abandon::Cancelled);
         }
         // SAFETY: we still own the chain.
         unsafe { park_or_schedule(sh, e) };
@@ -267,6 +270,15 @@ where
 
 /// At termination, with key state: the states of paused keys (whose chains stay parked) go
 /// through the release hook too (`state.rs`); each chain is taken from its wait and parked again.
+///
+/// The caller (an exiting worker) is an outside holder here (`baton.rs`), one chain at a time:
+/// `BUSY` while it takes a chain and gives it back, `RUNNING` while the hook runs (user code, as
+/// a task is), so a `shutdown_now` meanwhile waits for a take or steals the chain, and hands
+/// back its queued tasks, whose state then comes from `init` only after the hook returned
+/// (through the holder's `lent` slot). Once `shutdown_now` has closed the registry, it does
+/// nothing: `shutdown_now` releases those states itself. (Issue "Baton", two reviews: a take
+/// hid a paused key's tasks from `shutdown_now`; a hook run after the give-back let a handed-back
+/// task make a new state while the old one's hook still ran.)
 pub(crate) fn release_paused_states<K>(sh: &Shared<K>)
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
@@ -274,36 +286,65 @@ where
     if !sh.state_hooks().on {
         return;
     }
-    // From the take to the give-back under the sweep lock: a `shutdown_now` (which takes every
-    // wait under it) comes before or after, never between, and so finds each chain (issue
-    // "Baton": an exiting worker's take hid a paused key's queued tasks from `shutdown_now`).
-    // The hooks run after, without it.
-    let mut released = Vec::new();
-    // Keeps the entries allocated until their hooks ran, whatever happens to their keys.
-    let guard = sh.pin();
-    {
-        let _sweep = sh.pause_sweep();
-        let mut stolen = Vec::new();
-        sh.permit_waits()
-            .steal_where(|p| p.why == ParkedFor::Pause, |p| stolen.push(p.entry));
-        for e in stolen {
-            // SAFETY: the steal gave us the chain's baton: the entry is alive, the state ours.
-            let entry = unsafe { e.as_ref() };
-            entry.value().control.forget_wait();
-            // SAFETY: as above.
-            if let Some(st) = unsafe { entry.value().state.take() } {
-                released.push((e, st));
-            }
-            // SAFETY: we still own the chain.
-            unsafe { park_or_schedule(sh, e) };
+    let Some(reg) = sh.outside_holds().register() else {
+        return;
+    };
+    let mut done = std::collections::HashSet::new();
+    loop {
+        if !reg.phase.enter_busy() {
+            return; // stopped: `shutdown_now` has the rest
         }
+        let Some(w) = sh
+            .permit_waits()
+            .find(|p| p.why == ParkedFor::Pause && !done.contains(&p.entry))
+        else {
+            reg.phase.leave_busy();
+            return;
+        };
+        let e = w.value().entry;
+        done.insert(e);
+        if !sh.permit_waits().steal_one(&w) {
+            reg.phase.leave_busy(); // resumed meanwhile: not ours
+            continue;
+        }
+        // SAFETY: the steal gave us the chain's baton: the entry is alive, the state ours.
+        let entry = unsafe { e.as_ref() };
+        entry.value().control.forget_wait();
+        // SAFETY: as above.
+        if let Some(st) = unsafe { entry.value().state.take() } {
+            reg.set_current(e);
+            if !reg.phase.enter_running() {
+                // Stopped while we held it: the state goes back, the chain to `shutdown_now`.
+                // SAFETY: we hold the baton.
+                *unsafe { entry.value().state.slot() } = Some(st);
+                sh.global().push(Runnable::Chain(e));
+                reg.phase.leave_busy();
+                return;
+            }
+            {
+                let _here = crate::baton::running_here(sh.id(), e, &reg);
+                sh.state_hooks().release(entry.key(), st);
+            }
+            match reg.phase.leave_running() {
+                AfterTask::Continue => {}
+                AfterTask::Stolen => {
+                    // `shutdown_now` has the chain; its handed-back tasks get a state made
+                    // after the hook returned.
+                    crate::state_hold::worker_returns(&reg.lent, None);
+                    reg.phase.leave_busy();
+                    return;
+                }
+                AfterTask::HandBack => {
+                    sh.global().push(Runnable::Chain(e));
+                    reg.phase.leave_busy();
+                    return;
+                }
+            }
+        }
+        // SAFETY: we still own the chain.
+        unsafe { park_or_schedule(sh, e) };
+        reg.phase.leave_busy();
     }
-    for (e, st) in released {
-        // SAFETY: `guard` was pinned before we held the chain: the entry is not freed before
-        // it is dropped, even if the key was resumed and released meanwhile.
-        sh.state_hooks().release(unsafe { e.as_ref() }.key(), st);
-    }
-    drop(guard);
 }
 
 /// Whether a worker runs a task of key hash `hash` straight from lane `l` (a lane's word says

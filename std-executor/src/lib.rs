@@ -184,10 +184,10 @@
 // between two steps (`BUSY`) and steals the chain from one inside a task (`RUNNING`), so that
 // after its first step every baton is in a queue, a wait or `shutdown_now`'s hands, which it
 // then drains; a holder gives the baton back before it leaves `BUSY`, and takes nothing once
-// stopped. The two sweeps of parked pause waits at a graceful end (a worker cancelling paused
-// keys' tasks, `BUSY`; an exiting worker releasing their states, under `Shared::pause_sweep`,
-// which `shutdown_now`'s take of every wait also holds) follow the same rule. That is why
-// nothing queued is missed or taken twice by a stop.
+// stopped. The two sweeps of parked pause waits at a graceful end follow the same rule: a
+// worker cancelling paused keys' tasks does it `BUSY` (and drops what it cancelled after), an
+// exiting worker releasing their states is an outside holder, one chain at a time, its hooks
+// run `RUNNING`. That is why nothing queued is missed or taken twice by a stop.
 //
 // A task in transit has one name per place it can be, outermost first: a `Job` is the user's
 // closure plus how its outcome is reported (`task/`); a `TaskRef` owns a type-erased node that

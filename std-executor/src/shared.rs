@@ -90,10 +90,6 @@ pub(crate) struct Shared<K> {
     permit_waits: PermitWaits<K>,
     /// Chain batons held outside the workers (`baton.rs`).
     outside_holds: crate::baton::OutsideHolds<K>,
-    /// Held by whoever takes pause waits to give them back (`key_control::release_paused_states`)
-    /// and by `shutdown_now` while it takes every wait: it never runs between such a take and
-    /// its give-back (and so never misses the chain).
-    pause_sweep: Mutex<()>,
     /// With `max_keys`: the key budget, and the one FIFO of idle keys that workers and
     /// submitters share (`key_budget.rs`).
     budget: Option<crate::sync::Arc<crate::key_budget::KeyBudget>>,
@@ -257,11 +253,6 @@ impl<K> Shared<K> {
         &self.outside_holds
     }
 
-    /// See the field `pause_sweep`.
-    pub(crate) fn pause_sweep(&self) -> crate::sync::MutexGuard<'_, ()> {
-        crate::sync::lock(&self.pause_sweep)
-    }
-
     /// The registry of parked chains (`permit_wait.rs`).
     pub(crate) fn permit_waits(&self) -> &PermitWaits<K> {
         &self.permit_waits
@@ -386,7 +377,6 @@ where
             starved_since: AtomicU64::new(0),
             permit_waits: PermitWaits::new(),
             outside_holds: crate::baton::OutsideHolds::default(),
-            pause_sweep: Mutex::new(()),
             budget: config.max_keys.map(crate::key_budget::KeyBudget::new),
             shared_idle: config
                 .max_keys

@@ -144,11 +144,7 @@ where
         // which `stop` waited for).
         out.append(&mut sh.lifecycle().take_handed_back());
         // 2. Chains parked on permits or a pause, then those parked on their head future.
-        let stolen = {
-            let _sweep = sh.pause_sweep();
-            crate::permits::steal_all(sh)
-        };
-        for e in stolen {
+        for e in crate::permits::steal_all(sh) {
             // A pause's wait is gone: its id goes too (outside the registry's lock, which a
             // park takes under the key's control lock), or the key's next park would find it.
             // SAFETY: the steal gave us the chain's baton, so the entry is alive.

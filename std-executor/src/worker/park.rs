@@ -98,8 +98,11 @@ where
             // took for `shutdown_now` once that has begun (issue "Baton": a stop's hand-back
             // missed the tasks a worker was cancelling).
             if self.slot.phase.enter_busy() {
-                crate::key_control::cancel_paused(sh);
+                let cancelled = crate::key_control::cancel_paused(sh);
                 self.slot.phase.leave_busy();
+                for t in cancelled {
+                    t.abandon(crate::task::Abandon::Cancelled);
+                }
             }
         }
         if sh.outstanding() == 0 && quiet() {
