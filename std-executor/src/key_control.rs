@@ -36,11 +36,23 @@ where
         let entry = entry_for(sh, key, lane, hash, &guard);
         let ks = entry.value();
         ks.control.pause();
+        // The claim and the park as an outside holder (`baton.rs`), so that a `shutdown_now`
+        // never runs between them (it would not find the parked chain, nor its state). Once
+        // `shutdown_now` has begun, the key is only marked paused: the idle chain is left to
+        // the reapers (`release_paused_states_after_stop`).
+        let Some(reg) = sh.outside_holds().register() else {
+            return;
+        };
+        if !reg.phase.enter_busy() {
+            return;
+        }
         if ks.chain.try_claim() {
             // SAFETY: the claim made us the chain's owner.
             unsafe { park_or_schedule(sh, NonNull::from(entry)) };
+            reg.phase.leave_busy();
             return;
         }
+        reg.phase.leave_busy();
         if !ks.chain.is_retired() {
             // Owned: its holder parks it when it next pops, or releases it idle (then the
             // key's reaper parks it instead of retiring it).
@@ -287,7 +299,7 @@ where
         return;
     }
     let Some(reg) = sh.outside_holds().register() else {
-        return;
+        return release_paused_states_after_stop(sh);
     };
     let mut done = std::collections::HashSet::new();
     loop {
@@ -344,6 +356,43 @@ where
         // SAFETY: we still own the chain.
         unsafe { park_or_schedule(sh, e) };
         reg.phase.leave_busy();
+    }
+}
+
+/// [`release_paused_states`] once `shutdown_now` has closed the outside holds: waits until it
+/// has taken everything it hands back, then releases the states of the chains parked after it
+/// took the waits (a paused idle key an exiting worker's reaper parked: empty, but with its
+/// state). Anything queued on them came after the stop and is cancelled. (Issue "Baton": the
+/// chaos test found such a state never released.)
+fn release_paused_states_after_stop<K>(sh: &Shared<K>)
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    sh.lifecycle().wait_collected();
+    let mut stolen = Vec::new();
+    sh.permit_waits()
+        .steal_where(|p| p.why == ParkedFor::Pause, |p| stolen.push(p.entry));
+    for e in stolen {
+        // SAFETY: the steal gave us the chain's baton: the entry is alive, the state ours.
+        let entry = unsafe { e.as_ref() };
+        entry.value().control.forget_wait();
+        let mut tasks = Vec::new();
+        // SAFETY: as above.
+        unsafe { crate::key::drain_chain(entry, &mut tasks) };
+        entry.value().seen.left(tasks.len());
+        sh.count_dropped_outside(tasks.len() as u64);
+        // SAFETY: as above.
+        let state = unsafe { entry.value().state.take() };
+        // SAFETY: we still own the chain (parked again: the entry lives until the table goes,
+        // after every worker, this one included, has exited).
+        unsafe { park_or_schedule(sh, e) };
+        for t in tasks {
+            sh.release_slot();
+            t.abandon(crate::task::Abandon::Cancelled);
+        }
+        if let Some(st) = state {
+            sh.state_hooks().release(entry.key(), st);
+        }
     }
 }
 

@@ -28,6 +28,8 @@ pub(crate) struct Lifecycle<K> {
     shutdown: AtomicBool,
     /// `shutdown_now` was called (nothing more starts).
     stop: AtomicBool,
+    /// The first `shutdown_now` has taken everything it hands back (its last step).
+    collected: AtomicBool,
     live_workers: AtomicUsize,
     synced: Mutex<Synced<K>>,
     /// Signalled when `terminated` is set.
@@ -54,6 +56,7 @@ impl<K> Lifecycle<K> {
         Lifecycle {
             shutdown: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            collected: AtomicBool::new(false),
             live_workers: AtomicUsize::new(0),
             synced: Mutex::new(Synced {
                 terminated: false,
@@ -87,6 +90,22 @@ impl<K> Lifecycle<K> {
     /// Marks it stopped (`shutdown_now`: nothing more starts), before shutting it down.
     pub(crate) fn begin_stop(&self) {
         self.stop.store(true, Ordering::Release);
+    }
+
+    /// `shutdown_now` has taken everything it hands back.
+    pub(crate) fn set_collected(&self) {
+        self.collected.store(true, Ordering::Release);
+    }
+
+    /// Waits until the first `shutdown_now` has taken everything it hands back (a stopped
+    /// serializer only: `shutdown_now` is under way). It waits for no task and no worker
+    /// (`shutdown_now`'s steps wait only for holders between two steps), so this returns soon.
+    pub(crate) fn wait_collected(&self) {
+        debug_assert!(self.is_stopped());
+        let backoff = crossbeam_utils::Backoff::new();
+        while !self.collected.load(Ordering::Acquire) {
+            crate::sync::snooze(&backoff);
+        }
     }
 
     /// Worker threads alive now.

@@ -205,6 +205,7 @@ where
         //    1 (step 4 waited for their release).
         out.append(&mut sh.lifecycle().take_handed_back_lane_items());
         out.append(&mut sh.lifecycle().take_handed_back());
+        sh.lifecycle().set_collected();
         sh.count_handed_back(out.len() as u64);
         if let Some(c) = sh.capacity() {
             for _ in 0..out.len() {
