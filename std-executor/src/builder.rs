@@ -214,6 +214,10 @@ where
     /// [`submit_async`](crate::Serializer::submit_async) future, so tokio's timers, sockets and
     /// other reactor-bound futures work inside it. The runtime must outlive those futures.
     ///
+    /// Without it, a serializer built on a thread inside a tokio runtime (in `#[tokio::main]`,
+    /// a task, `#[tokio::test]`) uses that runtime (`Handle::current()`); one built outside any
+    /// runtime has none, and a future that needs a reactor fails there.
+    ///
     /// ```
     /// # #[cfg(feature = "tokio")] {
     /// let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
@@ -490,8 +494,12 @@ where
             thread_name: self.thread_name,
             panic_policy: self.panic_policy,
             max_keys: self.max_keys,
+            // Inside a tokio runtime and without a handle given: that runtime (DESIGN 3.1c, a
+            // tokio user's defaults must just work).
             #[cfg(feature = "tokio")]
-            tokio: self.tokio,
+            tokio: self
+                .tokio
+                .or_else(|| tokio::runtime::Handle::try_current().ok()),
         };
         #[cfg(feature = "tracing")]
         let labeler = crate::trace::Labeler(self.key_label);

@@ -97,3 +97,41 @@ fn a_loopback_tcp_echo_inside_a_keys_future() {
     assert_eq!(echoed, ["one", "two", "three"]);
     rt.block_on(server).unwrap();
 }
+
+/// Issue "Async": built inside a runtime without `tokio_handle`, a serializer uses that runtime
+/// (its futures may sleep on tokio's timer); dropped on the runtime's only thread while a queued
+/// future still needs that thread's timer, the drop returns at once and the future completes.
+/// (Before: every future failed "there is no reactor running", and such a drop hung.)
+#[tokio::test(flavor = "current_thread")]
+async fn a_serializer_built_in_a_runtime_uses_it_and_its_drop_never_blocks_it() {
+    let s = Builder::<u32>::new().workers(1).build().unwrap();
+    let first = s
+        .submit_async(1, async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            "slept"
+        })
+        .unwrap();
+    assert_eq!(first.await.unwrap(), "slept");
+    let queued: Vec<_> = (0..3u64)
+        .map(|i| {
+            s.submit_async(2, async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                i
+            })
+            .unwrap()
+        })
+        .collect();
+    let start = Instant::now();
+    drop(s);
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "the drop blocked the runtime"
+    );
+    for (i, h) in queued.into_iter().enumerate() {
+        assert_eq!(
+            h.await.unwrap(),
+            i as u64,
+            "queued futures finish after the drop"
+        );
+    }
+}

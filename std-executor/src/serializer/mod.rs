@@ -102,7 +102,10 @@ use crate::worker::{self};
 ///   without waiting: each finishes the task it is in (its handle resolves then), starts nothing
 ///   more and exits;
 /// - dropped inside one of its own tasks, `drop` cannot wait for its own thread: it shuts down
-///   and returns, and the workers finish on their own.
+///   and returns, and the workers finish on their own;
+/// - (Cargo feature `tokio`) dropped on a thread inside a tokio runtime, `drop` never blocks
+///   that thread (the queued futures may need it): it shuts down gracefully and returns, and the
+///   workers finish the queued tasks in the background, then exit.
 ///
 /// To bound the wait, use `shutdown_timeout` before dropping.
 ///

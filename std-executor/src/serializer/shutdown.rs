@@ -542,6 +542,14 @@ where
         if worker::on_worker_of(self.shared.id()) {
             return; // dropped inside one of our own tasks: the workers finish on their own
         }
+        // On a thread of a tokio runtime, never block it (DESIGN 3.1c): the queued futures may
+        // need that very thread (a current-thread runtime's timers); the workers finish the
+        // queued tasks in the background and exit, detached.
+        #[cfg(feature = "tokio")]
+        if tokio::runtime::Handle::try_current().is_ok() {
+            drop(self.shared.lifecycle().take_threads());
+            return;
+        }
         // After shutdown_now and a bounded wait that gave up, nothing queued is left: the threads
         // still alive are inside a task. Detach them rather than wait without bound.
         let detach = self.gave_up.load(Ordering::Acquire) && self.shared.lifecycle().is_stopped();
