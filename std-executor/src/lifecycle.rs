@@ -48,6 +48,8 @@ struct Synced<K> {
     handback_lanes: Vec<PendingTask<K>>,
     /// Idle items of elastic workers that exited; adopted by worker 0.
     orphans: Vec<IdleItem<K>>,
+    /// `terminated().await`s waiting (woken once `terminated` is set).
+    waiting: Vec<std::task::Waker>,
     supervisor: Option<Unparker>,
 }
 
@@ -64,6 +66,7 @@ impl<K> Lifecycle<K> {
                 handback: Vec::new(),
                 handback_lanes: Vec::new(),
                 orphans: Vec::new(),
+                waiting: Vec::new(),
                 supervisor: None,
             }),
             terminated_cond: Condvar::new(),
@@ -180,15 +183,30 @@ impl<K> Lifecycle<K> {
 
     /// Marks termination and wakes everyone waiting for it, and the supervisor.
     pub(crate) fn set_terminated(&self) {
-        let supervisor = {
+        let (supervisor, waiting) = {
             let mut s = lock(&self.synced);
             s.terminated = true;
-            s.supervisor.clone()
+            (s.supervisor.clone(), std::mem::take(&mut s.waiting))
         };
         self.terminated_cond.notify_all();
+        for w in waiting {
+            w.wake();
+        }
         if let Some(u) = supervisor {
             u.unpark();
         }
+    }
+
+    /// `Ready` once terminated; else keeps `cx`'s waker for [`set_terminated`](Self::set_terminated).
+    pub(crate) fn poll_terminated(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let mut s = lock(&self.synced);
+        if s.terminated {
+            return std::task::Poll::Ready(());
+        }
+        if !s.waiting.iter().any(|w| w.will_wake(cx.waker())) {
+            s.waiting.push(cx.waker().clone());
+        }
+        std::task::Poll::Pending
     }
 
     /// Shut down and every worker exited.

@@ -135,3 +135,31 @@ async fn a_serializer_built_in_a_runtime_uses_it_and_its_drop_never_blocks_it() 
         );
     }
 }
+
+/// Issue "Async": `terminated().await` resolves once the serializer terminated, without
+/// blocking the runtime's only thread (its queued futures need that thread's timer meanwhile);
+/// a second waiter and a dropped, re-made one are woken too.
+#[tokio::test(flavor = "current_thread")]
+async fn terminated_resolves_without_blocking_the_runtime() {
+    let s = Builder::<u32>::new().workers(1).build().unwrap();
+    let hs: Vec<_> = (0..4u32)
+        .map(|k| {
+            s.submit_async(k, async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                k
+            })
+            .unwrap()
+        })
+        .collect();
+    // A waiter dropped before termination leaves nothing that matters behind.
+    let early = tokio::time::timeout(Duration::from_millis(1), s.terminated()).await;
+    assert!(early.is_err(), "not shut down yet");
+    s.shutdown();
+    let (a, b) = tokio::join!(s.terminated(), s.terminated());
+    let _ = (a, b);
+    assert!(s.is_terminated());
+    for (k, h) in hs.into_iter().enumerate() {
+        assert_eq!(h.await.unwrap(), k as u32);
+    }
+    s.terminated().await; // at once, once terminated
+}

@@ -510,6 +510,30 @@ where
         self.shared.lifecycle().wait_terminated(deadline)
     }
 
+    /// Resolves once the serializer has terminated (shut down, and every worker exited): the
+    /// async form of [`await_termination`](Self::await_termination) without a timeout, which
+    /// never blocks a thread (wrap it in your runtime's timeout for a bound). It does not shut
+    /// the serializer down: call [`shutdown`](Self::shutdown) (or drop another handle of it)
+    /// first, or it waits for that. Cancel-safe: dropping the future leaves nothing behind but
+    /// a kept waker, woken at termination.
+    ///
+    /// ```
+    /// # #[cfg(feature = "tokio")] {
+    /// let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    /// rt.block_on(async {
+    ///     let s: keyserial::Serializer<u32> = keyserial::Serializer::new();
+    ///     let h = s.submit(1, || 7).unwrap();
+    ///     s.shutdown();
+    ///     s.terminated().await; // the runtime's thread is free meanwhile
+    ///     assert!(s.is_terminated());
+    ///     assert_eq!(h.await.unwrap(), 7);
+    /// });
+    /// # }
+    /// ```
+    pub async fn terminated(&self) {
+        std::future::poll_fn(|cx| self.shared.lifecycle().poll_terminated(cx)).await
+    }
+
     /// `true` once [`shutdown`](Self::shutdown) or [`shutdown_now`](Self::shutdown_now) was called.
     ///
     /// ```
