@@ -359,8 +359,8 @@ where
     }
 }
 
-/// [`release_paused_states`] once `shutdown_now` has closed the outside holds: waits until it
-/// has taken everything it hands back, then releases the states of the chains parked after it
+/// [`release_paused_states`] once `shutdown_now` has closed the outside holds: waits until no
+/// `shutdown_now` is taking what it hands back, then releases the states of the chains parked after it
 /// took the waits (a paused idle key an exiting worker's reaper parked: empty, but with its
 /// state). Anything queued on them came after the stop and is cancelled. (Issue "Baton": the
 /// chaos test found such a state never released.)
@@ -369,6 +369,9 @@ where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     sh.lifecycle().wait_collected();
+    // Keeps the entries allocated until their hooks ran (a `resume` may schedule a chain we
+    // parked again, and a later `shutdown_now` release its key).
+    let guard = sh.pin();
     let mut stolen = Vec::new();
     sh.permit_waits()
         .steal_where(|p| p.why == ParkedFor::Pause, |p| stolen.push(p.entry));
@@ -383,8 +386,8 @@ where
         sh.count_dropped_outside(tasks.len() as u64);
         // SAFETY: as above.
         let state = unsafe { entry.value().state.take() };
-        // SAFETY: we still own the chain (parked again: the entry lives until the table goes,
-        // after every worker, this one included, has exited).
+        // SAFETY: we still own the chain (the entry stays allocated under `guard`, pinned
+        // before the steal, whatever happens to it once given back).
         unsafe { park_or_schedule(sh, e) };
         for t in tasks {
             sh.release_slot();
@@ -394,6 +397,7 @@ where
             sh.state_hooks().release(entry.key(), st);
         }
     }
+    drop(guard);
 }
 
 /// Whether a worker runs a task of key hash `hash` straight from lane `l` (a lane's word says

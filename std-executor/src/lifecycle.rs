@@ -28,12 +28,21 @@ pub(crate) struct Lifecycle<K> {
     shutdown: AtomicBool,
     /// `shutdown_now` was called (nothing more starts).
     stop: AtomicBool,
-    /// The first `shutdown_now` has taken everything it hands back (its last step).
-    collected: AtomicBool,
+    /// `shutdown_now` calls that have not yet taken everything they hand back.
+    collecting: AtomicUsize,
     live_workers: AtomicUsize,
     synced: Mutex<Synced<K>>,
     /// Signalled when `terminated` is set.
     terminated_cond: Condvar,
+}
+
+/// A `shutdown_now` taking what it hands back ([`Lifecycle::begin_collecting`]).
+pub(crate) struct Collecting<'a>(&'a AtomicUsize);
+
+impl Drop for Collecting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The lifecycle's cold state, under its one lock.
@@ -58,7 +67,7 @@ impl<K> Lifecycle<K> {
         Lifecycle {
             shutdown: AtomicBool::new(false),
             stop: AtomicBool::new(false),
-            collected: AtomicBool::new(false),
+            collecting: AtomicUsize::new(0),
             live_workers: AtomicUsize::new(0),
             synced: Mutex::new(Synced {
                 terminated: false,
@@ -95,18 +104,21 @@ impl<K> Lifecycle<K> {
         self.stop.store(true, Ordering::Release);
     }
 
-    /// `shutdown_now` has taken everything it hands back.
-    pub(crate) fn set_collected(&self) {
-        self.collected.store(true, Ordering::Release);
+    /// A `shutdown_now` begins taking what it hands back (before it closes the outside holds,
+    /// `baton.rs`); the guard says it is done, also if it unwinds.
+    pub(crate) fn begin_collecting(&self) -> Collecting<'_> {
+        self.collecting.fetch_add(1, Ordering::AcqRel);
+        Collecting(&self.collecting)
     }
 
-    /// Waits until the first `shutdown_now` has taken everything it hands back (a stopped
-    /// serializer only: `shutdown_now` is under way). It waits for no task and no worker
-    /// (`shutdown_now`'s steps wait only for holders between two steps), so this returns soon.
+    /// Waits until no `shutdown_now` is taking what it hands back (a stopped serializer, whose
+    /// outside holds are closed: the call that closed them counts until its guard is dropped).
+    /// It waits for no task and no worker (`shutdown_now`'s steps wait only for holders between
+    /// two steps), so this returns soon.
     pub(crate) fn wait_collected(&self) {
         debug_assert!(self.is_stopped());
         let backoff = crossbeam_utils::Backoff::new();
-        while !self.collected.load(Ordering::Acquire) {
+        while self.collecting.load(Ordering::Acquire) != 0 {
             crate::sync::snooze(&backoff);
         }
     }

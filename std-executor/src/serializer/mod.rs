@@ -103,9 +103,12 @@ use crate::worker::{self};
 ///   more and exits;
 /// - dropped inside one of its own tasks, `drop` cannot wait for its own thread: it shuts down
 ///   and returns, and the workers finish on their own;
-/// - (Cargo feature `tokio`) dropped on a thread inside a tokio runtime, `drop` never blocks
-///   that thread (the queued futures may need it): it shuts down gracefully and returns, and the
-///   workers finish the queued tasks in the background, then exit.
+/// - (Cargo feature `tokio`) dropped on a thread inside a tokio runtime (a task, `block_on`,
+///   `spawn_blocking`), `drop` never blocks that thread (the queued futures may need it): it
+///   shuts down gracefully and returns, and the workers finish the queued tasks in the
+///   background, then exit. Nothing waits for them: to be sure they ran (before `main` returns,
+///   or before the runtime shuts down, after which a queued future that needs its timer fails),
+///   call [`shutdown`](Self::shutdown) and await [`terminated`](Self::terminated) first.
 ///
 /// To bound the wait, use `shutdown_timeout` before dropping.
 ///

@@ -110,6 +110,7 @@ where
     pub fn shutdown_now(&self) -> Vec<PendingTask<K>> {
         let sh = &*self.shared;
         sh.lifecycle().begin_stop();
+        let collecting = sh.lifecycle().begin_collecting();
         self.shutdown();
         sh.gate().wait_idle();
         let mut out: Vec<PendingTask<K>> = Vec::new();
@@ -205,7 +206,7 @@ where
         //    1 (step 4 waited for their release).
         out.append(&mut sh.lifecycle().take_handed_back_lane_items());
         out.append(&mut sh.lifecycle().take_handed_back());
-        sh.lifecycle().set_collected();
+        drop(collecting);
         sh.count_handed_back(out.len() as u64);
         if let Some(c) = sh.capacity() {
             for _ in 0..out.len() {
