@@ -35,7 +35,7 @@
 //! | `KEYSERIAL_CHAOS_SEED` | from the clock | the first round's seed (a failure prints its round's seed) |
 //! | `KEYSERIAL_CHAOS_KEEP_GOING` | unset | `1`: run every round, print each failure, fail at the end |
 //! | `KEYSERIAL_CHAOS_VERBOSE` | unset | `1`: print each round's options as it starts |
-//! | `KEYSERIAL_CHAOS_NO_CANCEL_AFTER_STOP` | unset | `1`: no `cancel_key` after `shutdown_now` (to look past that hang) |
+//! | `KEYSERIAL_CHAOS_NO_CANCEL_AFTER_STOP` | unset | `1`: no `cancel_key` after `shutdown_now` (it hung before issue "Baton"; kept to bisect) |
 //!
 //! The long run: `KEYSERIAL_CHAOS_SECS=1800 cargo test --release -p keyserial --test chaos --
 //! --nocapture`. A failing round can be replayed (same options and choices; thread timing
