@@ -39,7 +39,6 @@
 //! handed-back run stolen from while `RUNNING`, `cancel_key` from inside its key's own task
 //! (`Phase::suspend_running`), and a hold's parked chain at a graceful shutdown.
 
-use std::cell::RefCell;
 use std::ptr::NonNull;
 
 use crate::key::KeyEntry;
@@ -73,61 +72,6 @@ impl<K> OutsideHold<K> {
 
 /// A holder `shutdown_now` stole a chain from, and the chain's entry ([`OutsideHolds::stop_all`]).
 pub(crate) type StoleFrom<K> = (Arc<OutsideHold<K>>, NonNull<KeyEntry<K>>);
-
-thread_local! {
-    /// The chains this thread holds as an outside holder inside a task (`RUNNING`, a
-    /// handed-back state task's run): (serializer id, entry address, the holder's phase word).
-    /// What the run's own task may do to its key from inside (`cancel_key` takes the queue at
-    /// once; a nested run of another state task of the key fails instead of waiting for
-    /// itself) is decided here, as a worker's slot decides it for a worker's task.
-    static HELD_HERE: RefCell<Vec<(usize, usize, usize)>> = const { RefCell::new(Vec::new()) };
-}
-
-/// While alive, [`held_here`] finds the chain (see [`running_here`]).
-pub(crate) struct RunningHere(());
-
-impl Drop for RunningHere {
-    fn drop(&mut self) {
-        HELD_HERE.with(|h| h.borrow_mut().pop());
-    }
-}
-
-/// A registered holder of serializer `id`'s entry at `entry`, about to run a task of its chain
-/// on this thread: marks it until the guard is dropped (before the holder's registration).
-pub(crate) fn running_here<K>(
-    id: usize,
-    entry: NonNull<KeyEntry<K>>,
-    hold: &OutsideHold<K>,
-) -> RunningHere {
-    let phase = &hold.phase as *const Phase as usize;
-    HELD_HERE.with(|h| h.borrow_mut().push((id, entry.as_ptr() as usize, phase)));
-    RunningHere(())
-}
-
-/// The phase word of this thread's outside hold of serializer `id`'s entry at `entry`, if the
-/// thread is inside a task of that chain as an outside holder.
-///
-/// # Safety
-/// The reference is valid while the task runs: the caller must be that task (code running on
-/// this thread below the run, which keeps the holder registered until it returns).
-pub(crate) unsafe fn held_here<'a>(id: usize, entry: usize) -> Option<&'a Phase> {
-    let phase = HELD_HERE.with(|h| {
-        h.borrow()
-            .iter()
-            .rev()
-            .find(|&&(i, e, _)| i == id && e == entry)
-            .map(|&(_, _, p)| p)
-    })?;
-    // SAFETY: `running_here`'s guard keeps the address listed only while the holder's
-    // registration (which owns the phase through an `Arc`) is alive, below us on this thread.
-    Some(unsafe { &*(phase as *const Phase) })
-}
-
-/// Whether this thread is inside a task of serializer `id` as the outside holder whose phase
-/// word is at `phase` (a lent state's holder, `state_hold.rs`, names it so).
-pub(crate) fn runs_here(id: usize, phase: usize) -> bool {
-    HELD_HERE.with(|h| h.borrow().iter().any(|&(i, _, p)| i == id && p == phase))
-}
 
 struct Inner<K> {
     /// `shutdown_now` walked the registry: nobody registers any more.

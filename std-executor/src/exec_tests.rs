@@ -712,7 +712,7 @@ fn shutdown_now_steals_the_chain_of_a_running_handed_back_state_task() {
 
 /// Issue "Baton", from a review: a state task handed back by `cancel_key`, run off the workers,
 /// cancels its own key from inside: the run's hold of the key's chain is found on its thread
-/// (`baton::held_here`) and suspended, as a worker's phase is, so the queue comes back at once
+/// (`running::held_here`) and suspended, as a worker's phase is, so the queue comes back at once
 /// (it waited for itself before).
 #[test]
 fn cancel_key_inside_a_handed_back_state_task_takes_its_keys_queue() {

@@ -97,7 +97,7 @@ where
         let ks = entry.value();
         // SAFETY: only whether it is there is used.
         let held_here =
-            unsafe { crate::baton::held_here(sh.id(), entry as *const KeyEntry<K> as usize) }
+            unsafe { crate::running::held_here(sh.id(), entry as *const KeyEntry<K> as usize) }
                 .is_some();
         if owns_chain_here(sh, entry) || held_here {
             ks.control.unhold();
@@ -182,7 +182,7 @@ where
     }
     ks.seen.set_running(true);
     {
-        let _here = crate::baton::running_here(sh.id(), ptr, &reg);
+        let _here = crate::running::running_here(sh.id(), ptr.as_ptr() as usize, &reg.phase);
         // SAFETY: we hold the chain's baton: the key's state is ours to hand over (a
         // `shutdown_now` that steals the chain meanwhile leaves the state alone).
         let slot = unsafe { ks.state.slot() };
@@ -266,7 +266,7 @@ where
         {
             // The hook's own calls on the key (`cancel_key`, a run of another handed-back state
             // task of it) find the chain held here, as a task's do.
-            let _here = crate::baton::running_here(sh.id(), entry, reg);
+            let _here = crate::running::running_here(sh.id(), entry.as_ptr() as usize, &reg.phase);
             hooks_release(sh, e, st);
         }
         match reg.phase.leave_running() {

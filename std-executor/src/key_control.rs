@@ -334,7 +334,7 @@ where
                 return;
             }
             {
-                let _here = crate::baton::running_here(sh.id(), e, &reg);
+                let _here = crate::running::running_here(sh.id(), e.as_ptr() as usize, &reg.phase);
                 sh.state_hooks().release(entry.key(), st);
             }
             match reg.phase.leave_running() {

@@ -3,7 +3,7 @@
 //! and its phase) and its serializer's stop flag, set by the worker around its loop. Apart from
 //! `worker/`, so that handles (low in the crate) need not import the workers.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 use crate::phase::Phase;
 use crate::sync::{AtomicU64, Ordering};
@@ -95,4 +95,56 @@ pub(crate) fn current_slot(id: usize) -> Option<usize> {
 /// `true` if this thread is a worker of serializer `id`.
 pub(crate) fn on_worker_of(id: usize) -> bool {
     current_worker_raw().0 == id
+}
+
+thread_local! {
+    /// The chains this thread holds as an outside holder (`baton.rs`) inside a task (`RUNNING`,
+    /// a handed-back state task's run, a release hook): (serializer id, entry address, the
+    /// holder's phase word). What the task may do to its key from inside (`cancel_key` takes the
+    /// queue at once; a nested run of another state task of the key fails instead of waiting
+    /// for itself) is decided here, as a worker's slot decides it for a worker's task.
+    static HELD_HERE: RefCell<Vec<(usize, usize, usize)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// While alive, [`held_here`] finds the chain (see [`running_here`]).
+pub(crate) struct RunningHere(());
+
+impl Drop for RunningHere {
+    fn drop(&mut self) {
+        HELD_HERE.with(|h| h.borrow_mut().pop());
+    }
+}
+
+/// An outside holder (`baton.rs`) of serializer `id`'s entry at address `entry`, whose phase
+/// word is `phase`, about to run a task of the entry's chain on this thread: marks it until the
+/// guard is dropped (before the holder's registration, which owns `phase`).
+pub(crate) fn running_here(id: usize, entry: usize, phase: &Phase) -> RunningHere {
+    let phase = phase as *const Phase as usize;
+    HELD_HERE.with(|h| h.borrow_mut().push((id, entry, phase)));
+    RunningHere(())
+}
+
+/// The phase word of this thread's outside hold of serializer `id`'s entry at address `entry`,
+/// if the thread is inside a task of that chain as an outside holder.
+///
+/// # Safety
+/// The reference is valid while the task runs: the caller must be that task (code running on
+/// this thread below the run, which keeps the holder registered until it returns).
+pub(crate) unsafe fn held_here<'a>(id: usize, entry: usize) -> Option<&'a Phase> {
+    let phase = HELD_HERE.with(|h| {
+        h.borrow()
+            .iter()
+            .rev()
+            .find(|&&(i, e, _)| i == id && e == entry)
+            .map(|&(_, _, p)| p)
+    })?;
+    // SAFETY: `running_here`'s guard keeps the address listed only while the holder's
+    // registration (which owns the phase through an `Arc`) is alive, below us on this thread.
+    Some(unsafe { &*(phase as *const Phase) })
+}
+
+/// Whether this thread is inside a task of serializer `id` as the outside holder whose phase
+/// word is at address `phase` (a lent state's holder, `state_hold.rs`, names it so).
+pub(crate) fn runs_here(id: usize, phase: usize) -> bool {
+    HELD_HERE.with(|h| h.borrow().iter().any(|&(i, _, p)| i == id && p == phase))
 }

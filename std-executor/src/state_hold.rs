@@ -144,7 +144,8 @@ impl<K> KeyStateHold<K> {
         }
         let mut i = lock(&self.inner);
         while let Some((id, slot)) = i.lent {
-            if crate::running::current_slot(id) == Some(slot) || crate::baton::runs_here(id, slot) {
+            if crate::running::current_slot(id) == Some(slot) || crate::running::runs_here(id, slot)
+            {
                 drop(i);
                 return fail(
                     task,

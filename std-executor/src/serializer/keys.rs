@@ -246,7 +246,7 @@ where
             .map(|i| &*sh.slots()[i].phase)
             // SAFETY: we are code of the task the hold runs (on this thread, below its run).
             .or_else(|| unsafe {
-                crate::baton::held_here(sh.id(), entry as *const KeyEntry<K> as usize)
+                crate::running::held_here(sh.id(), entry as *const KeyEntry<K> as usize)
             });
         let mut registration = None;
         let held = match mine {
