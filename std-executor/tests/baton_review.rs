@@ -11,21 +11,13 @@ use std::time::{Duration, Instant};
 use keyserial::{Builder, PendingTask, Serializer, TaskError};
 
 mod common;
+use common::within;
 
 /// A state task, boxed.
 type StateTask = Box<dyn FnOnce(&mut u32) -> u32 + Send>;
 
 /// How long a call that should return at once may take before it counts as hung.
 const HANG: Duration = Duration::from_secs(3);
-
-/// Runs `f` on a thread of its own; its result, or `None` if it did not return within `limit`.
-fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(limit).ok()
-}
 
 struct Probe(Arc<AtomicUsize>);
 impl Drop for Probe {

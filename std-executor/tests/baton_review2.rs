@@ -16,18 +16,10 @@ type Slot = Mutex<Option<Arc<Serializer<u32, u32>>>>;
 use keyserial::{Builder, Serializer};
 
 mod common;
+use common::within;
 
 /// How long a call that should return at once may take before it counts as hung.
 const HANG: Duration = Duration::from_secs(3);
-
-/// Runs `f` on a thread of its own; its result, or `None` if it did not return within `limit`.
-fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(limit).ok()
-}
 
 /// Finding 1 (handed_back.rs `give_back`, 4096e91). At a graceful shutdown, a state task that
 /// `cancel_key` handed back, run by `PendingTask::run`, releases its key's state through the

@@ -16,6 +16,7 @@ use keyserial::{Builder, PendingTask, Serializer, TaskError, TaskHandle};
 
 mod common;
 use common::wait_until;
+use common::within;
 
 const LONG: Duration = Duration::from_secs(10);
 /// How long a call that should return at once may take before it counts as hung.
@@ -55,16 +56,6 @@ impl Tally {
     fn dropped(&self) -> usize {
         self.dropped.load(SeqCst)
     }
-}
-
-/// Runs `f` on a thread of its own; its result, or `None` if it did not return within `limit`
-/// (the thread is then left behind, still in the call).
-fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(limit).ok()
 }
 
 /// A task that signals it started and then waits for the returned sender (used or dropped).

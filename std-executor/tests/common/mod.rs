@@ -38,3 +38,16 @@ where
     );
     tx
 }
+
+/// Runs `f` on a thread of its own; its result, or `None` if it did not return within `limit`
+/// (a call that may hang fails its test instead of hanging it; the hung thread is left behind).
+pub fn within<T: Send + 'static>(
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).ok()
+}
