@@ -593,6 +593,20 @@ impl<T> Fifo<T> {
         slots_before(self.tail.end.index.load(Ordering::Acquire) & !CLOSED)
     }
 
+    /// How many items the popper has taken so far (tombstoned ones too): the index, in push
+    /// order, of the oldest item still queued. Exact for the popper; a snapshot for others.
+    ///
+    /// ```
+    /// let q = keyserial_core::fifo::Fifo::new();
+    /// (0..100).for_each(|i| q.push(i));
+    /// // SAFETY: the only popper.
+    /// unsafe { q.pop() };
+    /// assert_eq!(q.popped(), 1);
+    /// ```
+    pub fn popped(&self) -> usize {
+        slots_before(self.head.end.index.load(Ordering::Acquire))
+    }
+
     /// Reserves the next slot (see "Protocol"), or `None` once the FIFO is closed. Lock-free except
     /// that a pusher waits while another one, which took a block's last slot, installs the next
     /// block (two stores).

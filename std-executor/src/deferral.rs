@@ -46,7 +46,8 @@ pub(crate) struct Deferral<K> {
 }
 
 struct Inner<K> {
-    items: VecDeque<Item<K>>,
+    /// Each item with the time its push is known by (`Lane::pushed_by`), for `key_stats`.
+    items: VecDeque<(Item<K>, u64)>,
     open: bool,
 }
 
@@ -74,10 +75,10 @@ impl<K> Deferral<K> {
     }
 
     /// The lane's owner: appends `item` if the deferral is still open; otherwise gives it back.
-    fn push(&self, item: Item<K>) -> Result<(), Item<K>> {
+    fn push(&self, item: Item<K>, pushed_by: &mut dyn FnMut() -> u64) -> Result<(), Item<K>> {
         let mut g = lock(&self.inner);
         if g.open {
-            g.items.push_back(item);
+            g.items.push_back((item, pushed_by()));
             Ok(())
         } else {
             Err(item)
@@ -86,14 +87,17 @@ impl<K> Deferral<K> {
 
     /// The runner: the deferral, locked, to take its next item (see `Next`).
     pub(crate) fn lock(&self) -> Next<'_, K> {
-        Next(lock(&self.inner))
+        Next {
+            inner: lock(&self.inner),
+            taken_by: 0,
+        }
     }
 
     /// `shutdown_now`: every item, in order; the deferral is closed.
     pub(crate) fn take_all(&self) -> Vec<Item<K>> {
         let mut g = lock(&self.inner);
         g.open = false;
-        g.items.drain(..).collect()
+        g.items.drain(..).map(|(item, _)| item).collect()
     }
 
     fn is_open(&self) -> bool {
@@ -103,21 +107,27 @@ impl<K> Deferral<K> {
 
 /// A deferral locked by its runner: it takes the front item, and until it unlocks, nobody else
 /// sees the deferral without it; it closes the deferral when it finds it empty.
-pub(crate) struct Next<'a, K>(crate::sync::MutexGuard<'a, Inner<K>>);
+pub(crate) struct Next<'a, K> {
+    inner: crate::sync::MutexGuard<'a, Inner<K>>,
+    /// The pushed-by time of the item last taken, for `push_front`.
+    taken_by: u64,
+}
 
 impl<K> Next<'_, K> {
     pub(crate) fn pop_front(&mut self) -> Option<Item<K>> {
-        self.0.items.pop_front()
+        let (item, by) = self.inner.items.pop_front()?;
+        self.taken_by = by;
+        Some(item)
     }
 
-    /// Puts back an item just taken (its task could not start: `shutdown_now`).
+    /// Puts back the item just taken (its task could not start: `shutdown_now`).
     pub(crate) fn push_front(&mut self, item: Item<K>) {
-        self.0.items.push_front(item);
+        self.inner.items.push_front((item, self.taken_by));
     }
 
     /// The runner found the deferral empty: the lane's owner routes the hash again.
     pub(crate) fn close(&mut self) {
-        self.0.open = false;
+        self.inner.open = false;
     }
 }
 
@@ -167,23 +177,36 @@ impl<K> Deferrals<K> {
 
     /// The owner, for a popped item of key hash `hash`: puts it into its hash's open deferral
     /// and returns `None`, or returns it to be routed. Costs one load unless a deferral is
-    /// listed for the hash (or one sharing its bit in the summary).
+    /// listed for the hash (or one sharing its bit in the summary). `pushed_by` says by when
+    /// the item was pushed (called only if it is deferred).
     #[inline]
-    pub(crate) fn divert(&self, item: Item<K>, hash: u64) -> Option<Item<K>> {
+    pub(crate) fn divert(
+        &self,
+        item: Item<K>,
+        hash: u64,
+        pushed_by: impl FnOnce() -> u64,
+    ) -> Option<Item<K>> {
         if self.passes(hash) {
             return Some(item);
         }
-        self.divert_slow(item, hash)
+        let mut pushed_by = Some(pushed_by);
+        let mut by = move || pushed_by.take().map_or(0, |f| f());
+        self.divert_slow(item, hash, &mut by)
     }
 
     #[cold]
-    fn divert_slow(&self, item: Item<K>, hash: u64) -> Option<Item<K>> {
+    fn divert_slow(
+        &self,
+        item: Item<K>,
+        hash: u64,
+        pushed_by: &mut dyn FnMut() -> u64,
+    ) -> Option<Item<K>> {
         let mut list = lock(&self.list);
         let mut item = Some(item);
         // The first *open* deferral of the hash: a closed one may still be listed beside a
         // newer one for the same hash (its key was deferred again); closed ones are dropped.
         while let Some(i) = list.iter().position(|d| d.is_for(hash)) {
-            match list[i].push(item.take().expect("not yet placed")) {
+            match list[i].push(item.take().expect("not yet placed"), pushed_by) {
                 Ok(()) => break,
                 Err(back) => {
                     item = Some(back);
@@ -203,10 +226,11 @@ impl<K> Deferrals<K> {
     /// open deferral of key hash `hash`, oldest first, under that deferral's lock; `f` returns
     /// `true` to take the item out (it is then handed to `taken`, in order). Under the lock the
     /// runner can neither take an item nor close the deferral, so what `f` sees has not started.
+    /// `f` also gets the time by which the item was pushed (`Lane::pushed_by`).
     pub(crate) fn visit_hash(
         &self,
         hash: u64,
-        mut f: impl FnMut(&Item<K>) -> bool,
+        mut f: impl FnMut(&Item<K>, u64) -> bool,
         mut taken: impl FnMut(Item<K>),
     ) {
         if self.passes(hash) {
@@ -221,8 +245,9 @@ impl<K> Deferrals<K> {
             // In place: if `f` (user code) panics, every item not yet taken stays queued.
             let mut i = 0;
             while i < g.items.len() {
-                if f(&g.items[i]) {
-                    taken(g.items.remove(i).expect("in bounds"));
+                let (item, by) = &g.items[i];
+                if f(item, *by) {
+                    taken(g.items.remove(i).expect("in bounds").0);
                 } else {
                     i += 1;
                 }
@@ -236,7 +261,7 @@ impl<K> Deferrals<K> {
         for d in list.iter() {
             let g = lock(&d.inner);
             if g.open {
-                g.items.iter().for_each(&mut f);
+                g.items.iter().for_each(|(item, _)| f(item));
             }
         }
     }
@@ -279,7 +304,9 @@ pub mod loom_hooks {
     /// `false` if the owner routes it itself.
     pub fn divert(list: &List, key: u32, hash: u64) -> bool {
         let task = LaneTask::execute(|| ());
-        list.0.divert(Item { key, hash, task }, hash).is_none()
+        list.0
+            .divert(Item { key, hash, task }, hash, || 1)
+            .is_none()
     }
 
     /// One step of the runner (`WorkerLoop::run_deferral`, without routing): the next key, or
@@ -323,9 +350,21 @@ mod tests {
         // Only hash 5's bit is set: 6 passes without the lock; 5 and 69 (same bit) do not.
         assert!(list.passes(6));
         assert!(!list.passes(5) && !list.passes(69));
-        assert!(list.divert(item(1, 5), 5).is_none(), "5 is deferred");
+        assert!(list.divert(item(1, 5), 5, || 7).is_none(), "5 is deferred");
+        let mut seen = Vec::new();
+        list.visit_hash(
+            5,
+            |i, by| {
+                seen.push((i.key, by));
+                false
+            },
+            |_| {},
+        );
+        assert_eq!(seen, [(1, 7)], "kept with the time it was pushed by");
         let back = list
-            .divert(item(2, 69), 69)
+            .divert(item(2, 69), 69, || {
+                unreachable!("not deferred: no time asked")
+            })
             .expect("69 shares the bit, not the deferral");
         assert_eq!(back.key, 2);
         // The runner drains and closes the deferral; the next item of the bit sweeps it.
@@ -339,7 +378,7 @@ mod tests {
             "a closed deferral stays listed until swept"
         );
         assert!(
-            list.divert(item(3, 5), 5).is_some(),
+            list.divert(item(3, 5), 5, || unreachable!()).is_some(),
             "closed: the owner routes it"
         );
         assert!(list.passes(5) && list.passes(69), "swept");

@@ -153,7 +153,7 @@ where
         // us (issue "Baton": the chaos test saw a handed-back state task overlap a task of
         // its key that ran straight from its lane).
         let busy = crate::inspect::with_lane(sh, lane, |l| {
-            l.deferrals.visit_hash(hash, |_| false, |_| {});
+            l.deferrals.visit_hash(hash, |_, _| false, |_| {});
             running_direct(sh, lane, hash)
         });
         match busy {

@@ -83,6 +83,7 @@ use keyserial_core::lane::{Lane as LaneWord, Phase, Watch};
 
 use crate::deferral::Deferrals;
 use crate::lane_task::{Item, LaneTask, Stored, TaskBytes};
+use crate::push_marks::{PushMarks, EVERY};
 use crate::sleep::Idle;
 use crate::sync::{fence, Arc, AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use keyserial_core::fifo::Tag;
@@ -236,6 +237,8 @@ pub(crate) struct Lane<K> {
     /// The key table's hasher: a popped item's hash is its key's, computed again (see
     /// [`Stored`]).
     hasher: KeyHasher,
+    /// By when its items were pushed (`push_marks.rs`): the age of a task still in the lane.
+    marks: PushMarks,
 }
 
 impl<K> Drop for Lane<K> {
@@ -246,6 +249,37 @@ impl<K> Drop for Lane<K> {
         while let Some((tag, stored)) = unsafe { self.queue.pop_tagged() } {
             // SAFETY: `Lanes::push` stored a task's parts as the tag and the bytes; popped once.
             drop(unsafe { LaneTask::from_parts(tag, stored.bytes) });
+        }
+    }
+}
+
+impl<K> Lane<K> {
+    /// The time (on `clock`, the serializer's milliseconds) by which the lane's item of index
+    /// `index` had been pushed: never earlier than the truth, so `now - pushed_by` never
+    /// overstates how long it has waited (`push_marks.rs`). Marks the lane now if no mark
+    /// covers the item yet.
+    pub(crate) fn pushed_by(&self, index: u64, clock: impl FnOnce() -> u64) -> u64 {
+        if let Some(ms) = self.marks.pushed_by(index) {
+            return ms;
+        }
+        // The count before the clock: every item below it was pushed by `ms`; the item was
+        // pushed before this call, so it is below.
+        let n = self.queue.pushed() as u64;
+        let ms = clock();
+        debug_assert!(n > index, "item {index} not pushed ({n} pushed)");
+        self.marks.note(n, ms);
+        ms
+    }
+
+    /// Marks the lane at `clock`'s time if it holds items (`push_marks.rs`, "Who marks").
+    pub(crate) fn mark(&self, clock: impl FnOnce() -> u64) {
+        if self.queue.is_empty() {
+            return;
+        }
+        let n = self.queue.pushed() as u64;
+        let ms = clock();
+        if self.marks.is_due(ms) {
+            self.marks.note(n, ms);
         }
     }
 }
@@ -335,6 +369,20 @@ impl<K: Hash> Lane<K> {
     ///
     /// As [`pop`](Self::pop): the caller owns the lane. `f` must not pop the lane or give it up.
     pub(crate) unsafe fn for_each_queued(&self, mut f: impl FnMut(&K, QueuedTask<'_>)) {
+        // SAFETY: the caller's contract.
+        unsafe { self.for_each_queued_at(|k, _, t| f(k, t)) };
+    }
+
+    /// As [`for_each_queued`](Self::for_each_queued), with each item's index in push order
+    /// (the `i`-th item ever pushed to the lane), for [`pushed_by`](Self::pushed_by).
+    ///
+    /// # Safety
+    ///
+    /// As [`for_each_queued`](Self::for_each_queued).
+    pub(crate) unsafe fn for_each_queued_at(&self, mut f: impl FnMut(&K, u64, QueuedTask<'_>)) {
+        // The caller is the popper: the head does not move under the walk, which visits every
+        // slot from it on (tombstones too), one index each.
+        let mut index = self.queue.popped() as u64;
         // SAFETY: the caller owns the lane (the FIFO's only popper); the closure neither pops
         // nor passes the turn.
         unsafe {
@@ -342,14 +390,31 @@ impl<K: Hash> Lane<K> {
                 if *tag != LaneTask::tombstone_tag() {
                     f(
                         &stored.key,
+                        index,
                         QueuedTask {
                             tag,
                             bytes: &mut stored.bytes,
                         },
                     );
                 }
+                index += 1;
             })
         };
+    }
+
+    /// The owner, for an item it just popped: into its key's open deferral (`None`, with the
+    /// time its push is known by) or back to be routed (see [`Deferrals::divert`]).
+    #[inline]
+    pub(crate) fn divert(
+        &self,
+        item: Item<K>,
+        hash: u64,
+        clock: impl FnOnce() -> u64,
+    ) -> Option<Item<K>> {
+        // The popper just took the item: the oldest index left is one past it.
+        let index = || self.queue.popped() as u64 - 1;
+        self.deferrals
+            .divert(item, hash, || self.pushed_by(index(), clock))
     }
 
     /// Hints the CPU to fetch the next item's task data (`lane_task.rs`, "Looking ahead"),
@@ -488,6 +553,8 @@ pub(crate) struct Lanes<K> {
     pub(crate) stopped: AtomicBool,
     /// Every lane's FIFO is closed (`close`).
     closed: AtomicBool,
+    /// The serializer's clock's zero ([`now_ms`](Self::now_ms)).
+    start: std::time::Instant,
 }
 
 impl<K> Lanes<K> {
@@ -501,6 +568,7 @@ impl<K> Lanes<K> {
                     queue: Fifo::new(),
                     deferrals: Deferrals::new(),
                     hasher: hasher.clone(),
+                    marks: PushMarks::default(),
                 })
                 .collect(),
             mask: n - 1,
@@ -508,7 +576,14 @@ impl<K> Lanes<K> {
             deep: CachePadded::new(AtomicUsize::new(0)),
             stopped: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            start: std::time::Instant::now(),
         }
+    }
+
+    /// Milliseconds since the lanes were made (the serializer's clock: the idle and elastic
+    /// clocks and the marks of `push_marks.rs` all read it); never 0.
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64 + 1
     }
 
     /// Closes every lane to pushes (see "Admission"), then says so (`is_closed`).
@@ -563,9 +638,28 @@ impl<K> Lanes<K> {
         };
         let push = || lane.queue.try_push_tagged(stored);
         match push_then_look(&lane.word, push, &self.deep, idle) {
-            Ok(after) => Ok(after),
+            Ok(after) => {
+                if lane.queue.pushed().is_multiple_of(EVERY) {
+                    self.mark_after_push(lane);
+                }
+                Ok(after)
+            }
             Err(_unbuilt) => Err(Closed),
         }
+    }
+
+    /// Marks every lane holding items (`push_marks.rs`, "Who marks").
+    pub(crate) fn mark_waiting(&self) {
+        for lane in self.lanes.iter() {
+            lane.mark(|| self.now_ms());
+        }
+    }
+
+    /// One push in [`EVERY`] marks its lane (`push_marks.rs`).
+    #[cold]
+    #[inline(never)]
+    fn mark_after_push(&self, lane: &Lane<K>) {
+        lane.mark(|| self.now_ms());
     }
 
     /// A lane that is `FREE` with items queued, taken by worker `me`: its home lanes first

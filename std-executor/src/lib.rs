@@ -222,6 +222,7 @@ mod lanes;
 mod latest_cells;
 #[cfg(loom)]
 mod loom_fifo;
+mod push_marks;
 mod route;
 
 // The chain path.

@@ -86,6 +86,12 @@ impl<T> Fifo<T> {
         self.closed.store(true, Ordering::Relaxed);
     }
 
+    /// As `Fifo::popped`.
+    pub fn popped(&self) -> usize {
+        let items = crate::sync::lock(&self.items);
+        self.pushed.load(Ordering::Relaxed) - items.len()
+    }
+
     /// As `Fifo::pushed`.
     pub fn pushed(&self) -> usize {
         let _items = crate::sync::lock(&self.items);

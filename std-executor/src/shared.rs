@@ -1,7 +1,7 @@
 //! The state shared by a serializer's handle, its workers and its supervisor.
 
 use std::hash::Hash;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_deque::Injector;
 use crossbeam_utils::CachePadded;
@@ -98,7 +98,6 @@ pub(crate) struct Shared<K> {
     labeler: crate::trace::Labeler<K>,
     /// `key_state` and `on_key_release` (`state.rs`).
     state: crate::state::StateHooks<K>,
-    start: Instant,
 }
 
 /// Counts kept outside the worker slots (by submitters and `shutdown_now`).
@@ -141,7 +140,7 @@ impl<K> Shared<K> {
 
     /// Milliseconds since the serializer started (the idle and elastic clocks); never 0.
     pub(crate) fn now_ms(&self) -> u64 {
-        self.start.elapsed().as_millis() as u64 + 1
+        self.lanes.now_ms()
     }
 
     /// The serializer's id (which serializer a worker thread belongs to).
@@ -383,7 +382,6 @@ where
                 .map(|_| Mutex::new(std::collections::VecDeque::new())),
             labeler,
             state,
-            start: Instant::now(),
             config,
         }
     }

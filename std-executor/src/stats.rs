@@ -53,10 +53,12 @@ pub struct KeyStats {
     pub running: bool,
     /// The key is paused ([`Serializer::pause`](crate::Serializer::pause)).
     pub paused: bool,
-    /// How long the key has had tasks waiting without a break, once they reached the key's own
-    /// queue: at least as long as its oldest queued task has waited there (exact while none of
-    /// the key's tasks started meanwhile). `None` if nothing waits there: tasks that are still
-    /// in the lane the key shares with others (normally for microseconds; behind the key's own
-    /// running task, until it returns) carry no time of their own.
+    /// How long the key's oldest admitted, not-started task has waited, wherever it waits (the
+    /// lane it shares with other keys, behind the key's own running task, or the key's own
+    /// queue); `None` if none waits. Never more than the truth, and within about a millisecond
+    /// of it while a worker is free to look at the lanes (when every worker is inside a long
+    /// task, to within the time the next 64 submits to the key's lane took, or the moment of
+    /// this call): tasks carry no clock of their own, the lanes keep a few marks of when they
+    /// were filled instead.
     pub oldest_queued: Option<std::time::Duration>,
 }

@@ -409,6 +409,64 @@ fn key_stats_of_a_paused_key_shows_its_queue_and_its_age() {
     assert!(matches!(st, None | Some((0, false))), "{st:?}");
 }
 
+/// Issue "Baton": `oldest_queued` of tasks waiting in the key's lane behind the key's own
+/// running task (the most common backlog) was `None` (checked on 752b82c: this test failed with
+/// "queued in its lane" there).
+#[test]
+fn key_stats_ages_tasks_waiting_in_the_lane_behind_the_keys_running_task() {
+    for workers in [1, 2, 4] {
+        let s = Builder::<u32>::new().workers(workers).build().unwrap();
+        let gate = block_worker(&s, 7);
+        let start = std::time::Instant::now();
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..3 {
+            let ran = ran.clone();
+            s.execute(7, move || {
+                ran.fetch_add(1, SeqCst);
+            })
+            .unwrap();
+        }
+        // A first look marks the lane now, if nobody (every worker inside a task) did.
+        let _ = s.key_stats(&7);
+        std::thread::sleep(Duration::from_millis(40));
+        let st = s.key_stats(&7).expect("live");
+        assert_eq!((st.queued, st.running), (3, true), "{workers} workers");
+        let age = st.oldest_queued.expect("queued in its lane");
+        assert!(
+            age >= Duration::from_millis(35) && age <= start.elapsed(),
+            "{workers} workers: {age:?} (submitted {:?} ago)",
+            start.elapsed()
+        );
+        drop(gate);
+        assert!(wait_until(LONG, || ran.load(SeqCst) == 3));
+        assert!(wait_until(LONG, || s
+            .key_stats(&7)
+            .is_none_or(|st| st.queued == 0 && st.oldest_queued.is_none())));
+    }
+}
+
+/// With a free worker looking at the lanes, the age needs no earlier look: the lanes are marked
+/// as they wait, to within about a millisecond.
+#[test]
+fn key_stats_ages_a_lane_backlog_without_an_earlier_look() {
+    let s = Builder::<u32>::new().workers(2).build().unwrap();
+    let gate = block_worker(&s, 7);
+    let start = std::time::Instant::now();
+    for _ in 0..3 {
+        s.execute(7, || ()).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(40));
+    let st = s.key_stats(&7).expect("live");
+    assert_eq!(st.queued, 3);
+    let age = st.oldest_queued.expect("queued behind its running task");
+    assert!(
+        age >= Duration::from_millis(30) && age <= start.elapsed(),
+        "{age:?} (submitted {:?} ago)",
+        start.elapsed()
+    );
+    drop(gate);
+}
+
 #[test]
 fn busiest_keys_lists_the_longest_queues_first() {
     let s = Builder::<u32>::new().workers(2).build().unwrap();

@@ -143,7 +143,14 @@ fn a_panic_in_init_fails_the_task_and_the_next_one_tries_again() {
 
 #[test]
 fn a_panicking_state_task_leaves_the_state_as_it_left_it() {
-    let s = Builder::<u32>::new().key_state(|_| 0u32).build().unwrap();
+    // An idle timeout far past the test: the panic's backtrace, printed under a loaded machine,
+    // once took longer than the default 100 ms, and the key (its state with it) was released
+    // between the two tasks, as documented.
+    let s = Builder::<u32>::new()
+        .key_idle_timeout(Duration::from_secs(600))
+        .key_state(|_| 0u32)
+        .build()
+        .unwrap();
     let failed = s
         .submit_with_state(1, |n: &mut u32| {
             *n = 7;

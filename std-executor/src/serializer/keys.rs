@@ -100,17 +100,34 @@ where
         let l = sh.lanes().index_of(hash);
         let running_here = running_direct(sh, l, hash);
         let mut waiting = 0;
+        // By when the key's oldest task outside its chain was pushed (the deferral's items
+        // came from the lane before the lane's: its first, else the lane's first).
+        let mut first_pushed_by: Option<u64> = None;
         crate::inspect::with_lane(sh, l, |lane| {
             lane.deferrals.visit_hash(
                 hash,
-                |item| {
-                    waiting += usize::from(item.key == *key);
+                |item, by| {
+                    if item.key == *key {
+                        waiting += 1;
+                        first_pushed_by.get_or_insert(by);
+                    }
                     false
                 },
                 |_| {},
             );
+            let mut first_index = None;
             // SAFETY: `with_lane` made this thread the lane's owner; the closure only reads.
-            unsafe { lane.for_each_queued(|k, _| waiting += usize::from(k == key)) };
+            unsafe {
+                lane.for_each_queued_at(|k, index, _| {
+                    if k == key {
+                        waiting += 1;
+                        first_index.get_or_insert(index);
+                    }
+                })
+            };
+            if let (None, Some(index)) = (first_pushed_by, first_index) {
+                first_pushed_by = Some(lane.pushed_by(index, || sh.now_ms()));
+            }
         });
         let guard = sh.pin();
         let entry = sh
@@ -128,12 +145,25 @@ where
         if entry.is_none() && waiting == 0 && !running {
             return None;
         }
+        // Each is a time by which some queued task of the key had been pushed (never later
+        // than the truth), so the earliest is a lower bound of the oldest one's age. The chain's
+        // are older than the rest (items reach it from the lane, in order), but its time is
+        // when the first of them reached the chain, not when it was submitted: both count.
+        // Both clocks read a whole millisecond past the instant (`now_ms`): now's floor, so a
+        // whole-ms age never exceeds the truth.
+        let now = sh.now_ms() - 1;
+        let by = [
+            (since != 0 && chained != 0).then_some(since),
+            first_pushed_by,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         Some(KeyStats {
             queued: waiting + chained,
             running,
             paused,
-            oldest_queued: (since != 0 && chained != 0)
-                .then(|| Duration::from_millis(sh.now_ms().saturating_sub(since))),
+            oldest_queued: by.map(|by| Duration::from_millis(now.saturating_sub(by))),
         })
     }
 
@@ -292,7 +322,7 @@ where
                 // deferral's lock, so once these are out, the chain gets nothing more of them.
                 lane.deferrals.visit_hash(
                     hash,
-                    |item| item.key == *key,
+                    |item, _| item.key == *key,
                     |item| from_deferral.push(item.task),
                 );
                 drain_chain(&mut from_chain);

@@ -104,6 +104,8 @@ struct WorkerLoop<'a, K> {
     watched: Vec<Option<Watch>>,
     /// Each lane seen `FREE` with items waiting at the last look.
     seen_free: Vec<bool>,
+    /// When this worker last marked the lanes holding items (`steal.rs`).
+    marked_at: std::time::Instant,
     watched_at: std::time::Instant,
     tick: u32,
     now: u64,
@@ -151,6 +153,7 @@ where
             watched: vec![None; shared.lanes().len()],
             seen_free: vec![false; shared.lanes().len()],
             watched_at: std::time::Instant::now(),
+            marked_at: std::time::Instant::now(),
             tick: 0,
             now: shared.now_ms(),
             seen: vec![0; shared.slots().len()],

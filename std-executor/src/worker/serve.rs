@@ -177,7 +177,7 @@ where
             if std::mem::take(&mut in_run) && self.end_run() {
                 return self.stop_holding_lane(l, Some(item));
             }
-            let Some(item) = lane.deferrals.divert(item, hash) else {
+            let Some(item) = lane.divert(item, hash, || sh.now_ms()) else {
                 routed += 1;
                 continue;
             };

@@ -7,6 +7,10 @@ use super::WorkerLoop;
 use crate::deferral::Deferral;
 use crate::lanes::STEAL_AFTER;
 
+/// How often a worker's look at the lanes also marks the ones holding items (`push_marks.rs`):
+/// the marks' resolution is a millisecond.
+const MARK_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
+
 impl<K> WorkerLoop<'_, K>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
@@ -25,6 +29,11 @@ where
         }
         self.watched_at = now;
         let lanes = &self.shared.lanes();
+        if now.duration_since(self.marked_at) >= MARK_EVERY {
+            // When the waiting items were pushed, for `key_stats` (`push_marks.rs`).
+            self.marked_at = now;
+            lanes.mark_waiting();
+        }
         let mut found = None;
         for l in 0..lanes.len() {
             let prev = self.watched[l].take();
