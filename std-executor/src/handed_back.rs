@@ -34,6 +34,7 @@
 //! chain as from a worker: the tasks queued behind the run are handed back, and the key's
 //! state reaches their holder through the run's `lent` slot once the task returned.
 
+use crate::owner::Owned;
 use std::ptr::NonNull;
 
 use crate::baton::OutsideHold;
@@ -81,7 +82,7 @@ where
     let Some(reg) = sh.outside_holds().register() else {
         return crate::pending::run_fresh(hooks, key, task);
     };
-    let entry = loop {
+    let (entry, mut owned) = loop {
         let entry = user::catch(|| loop {
             let e = entry_for(sh, key, lane, hash, &guard);
             e.value().control.hold();
@@ -109,7 +110,7 @@ where
         }
         // SAFETY: `entry` is our table's, kept allocated by `guard`.
         match unsafe { hold_chain(sh, entry, &reg, on_worker) } {
-            Held::Baton => break entry,
+            Held::Baton(owned) => break (entry, owned),
             Held::Busy => {
                 ks.control.unhold();
                 return crate::state_hold::fail(
@@ -122,7 +123,7 @@ where
             // (issue "Baton": a fresh state here ran beside the key's own tasks).
             Held::Retired if !stopped() => ks.control.unhold(),
             // Stopped (`shutdown_now` has the key's tasks and state).
-            Held::Retired | Held::Stopped | Held::Mine => {
+            Held::Retired | Held::Stopped | Held::Mine(_) => {
                 ks.control.unhold();
                 return crate::pending::run_fresh(hooks, key, task);
             }
@@ -134,10 +135,9 @@ where
     // for a plain task of the key that runs straight from its lane or a deferral, if one does.
     let backoff = crossbeam_utils::Backoff::new();
     let mut waited = 0u32;
-    let give_up = |why: Option<&'static str>, task: TaskRef| {
+    let give_up = |why: Option<&'static str>, task: TaskRef, owned: Owned<K>| {
         ks.control.unhold();
-        // SAFETY: we hold the baton.
-        unsafe { give_back(sh, ptr, &reg) };
+        give_back(sh, owned, &reg);
         reg.phase.leave_busy();
         match why {
             Some(why) => crate::state_hold::fail(task, why),
@@ -159,7 +159,7 @@ where
         match busy {
             Some(false) => break,
             Some(true) => {}
-            None => return give_up(None, task), // `shutdown_now` has the lanes: stopped
+            None => return give_up(None, task, owned), // `shutdown_now` has the lanes: stopped
         }
         waited += 1;
         if on_worker && waited > ON_WORKER_TRIES {
@@ -169,23 +169,24 @@ where
                      stayed busy: a worker does not wait for another",
                 ),
                 task,
+                owned,
             );
         }
         if reg.phase.stop_requested() {
-            return give_up(None, task); // `shutdown_now` waits for us: the chain goes to it
+            return give_up(None, task, owned); // `shutdown_now` waits for us: the chain goes to it
         }
         crate::sync::snooze(&backoff);
     }
     reg.set_current(ptr);
     if !reg.phase.enter_running() {
-        return give_up(None, task); // stopped meanwhile
+        return give_up(None, task, owned); // stopped meanwhile
     }
     ks.seen.set_running(true);
     {
         let _here = crate::running::running_here(sh.id(), ptr.as_ptr() as usize, &reg.phase);
-        // SAFETY: we hold the chain's baton: the key's state is ours to hand over (a
-        // `shutdown_now` that steals the chain meanwhile leaves the state alone).
-        let slot = unsafe { ks.state.slot() };
+        // The key's state is the baton holder's to hand over (a `shutdown_now` that steals
+        // the chain meanwhile leaves the state alone).
+        let slot = owned.state_slot();
         let mut source = crate::state::EntrySource {
             slot,
             key: entry.key(),
@@ -200,16 +201,14 @@ where
             // `shutdown_now` took the chain while the task ran: the state goes to the key's
             // handed-back tasks through our `lent` slot, as a worker's does.
             if hooks.on {
-                // SAFETY: the thief never touches a stolen chain's state, and the task that
-                // used it has returned: we are its last user.
-                let state = unsafe { ks.state.take() };
+                // The thief never touches a stolen chain's state, and the task that used it
+                // has returned: we are its last user, through the token of our hold.
+                let state = owned.take_state();
                 crate::state_hold::worker_returns(&reg.lent, state);
             }
+            let _stolen = owned.into_ptr();
         }
-        AfterTask::Continue | AfterTask::HandBack => {
-            // SAFETY: we hold the baton.
-            unsafe { give_back(sh, ptr, &reg) };
-        }
+        AfterTask::Continue | AfterTask::HandBack => give_back(sh, owned, &reg),
     }
     reg.phase.leave_busy();
 }
@@ -224,43 +223,37 @@ where
 /// `shutdown_now` meanwhile steals the chain instead of waiting for the hook (issue "Baton",
 /// a review: a `shutdown_now` waited 1.5 s for a slow hook).
 ///
-/// # Safety
-/// The caller holds `entry`'s chain baton.
-unsafe fn give_back<K>(sh: &Shared<K>, entry: NonNull<KeyEntry<K>>, reg: &OutsideHold<K>)
+fn give_back<K>(sh: &Shared<K>, mut owned: Owned<K>, reg: &OutsideHold<K>)
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     if !sh.lifecycle().is_shutdown() {
-        // SAFETY: the caller's contract.
-        unsafe { park_or_schedule(sh, entry) };
+        park_or_schedule(sh, owned);
         return;
     }
-    // SAFETY: we hold the baton, so the entry is alive.
+    let entry = owned.ptr();
+    // SAFETY: we hold the baton, so the entry is alive; past a hand-over below it is read only
+    // while `shutdown_now`'s steal keeps it (a stolen chain is never retired).
     let e = unsafe { entry.as_ref() };
     let ks = e.value();
     if sh.lifecycle().is_stopped() {
         // `shutdown_now` is waiting for us to leave `BUSY` (`baton.rs`), before it drains the
         // ready queues: it hands back what the chain holds, and releases the key.
-        sh.global().push(Runnable::Chain(entry));
+        sh.global().push(Runnable::Chain(owned.into_ptr()));
         return;
     }
-    // SAFETY: we hold the baton.
-    let queued = unsafe { ks.chain.peek() }.is_some();
-    if queued {
+    if owned.has_queued() {
         // Outstanding tasks keep the workers (a graceful shutdown): they run them.
-        // SAFETY: we hold the baton.
-        unsafe { park_or_schedule(sh, entry) };
+        park_or_schedule(sh, owned);
         return;
     }
-    // SAFETY: we hold the baton.
-    if let Some(st) = unsafe { ks.state.take() } {
+    if let Some(st) = owned.take_state() {
         reg.set_current(entry);
         if !reg.phase.enter_running() {
             // `shutdown_now` is waiting for us: the state goes back in the cell, and the chain
             // to it (its drain releases the state).
-            // SAFETY: we hold the baton.
-            *unsafe { ks.state.slot() } = Some(st);
-            sh.global().push(Runnable::Chain(entry));
+            *owned.state_slot() = Some(st);
+            sh.global().push(Runnable::Chain(owned.into_ptr()));
             return;
         }
         {
@@ -273,24 +266,25 @@ where
             AfterTask::Continue => {}
             AfterTask::Stolen => {
                 // The chain is `shutdown_now`'s; the state already went through the hook.
+                let _stolen = owned.into_ptr();
                 crate::state_hold::worker_returns(&reg.lent, None);
                 return;
             }
             AfterTask::HandBack => {
-                sh.global().push(Runnable::Chain(entry));
+                sh.global().push(Runnable::Chain(owned.into_ptr()));
                 return;
             }
         }
     }
     if ks.control.is_paused_by_user() {
-        // SAFETY: we hold the baton.
-        unsafe { park_or_schedule(sh, entry) };
+        park_or_schedule(sh, owned);
         return;
     }
-    // SAFETY: we hold the baton of the (empty) chain of an entry of our table (its state is
-    // gone: nothing of it runs in here).
-    if !unsafe { crate::idle::release_drained(sh, entry) } {
-        sh.schedule(Runnable::Chain(entry), None); // a push came in meanwhile
+    // The (empty) chain of an entry of our table (its state is gone: nothing of it runs in
+    // here).
+    // SAFETY: an entry of our table (`entry_for`).
+    if let Err(owned) = unsafe { crate::idle::release_drained(sh, owned) } {
+        sh.schedule(Runnable::Chain(owned.into_ptr()), None); // a push came in meanwhile
     }
 }
 

@@ -32,6 +32,7 @@
 //! promise: a key's state lives until its timeout (or a key budget) releases it, so the cap
 //! does not apply.
 
+use crate::owner::Owned;
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 
@@ -109,14 +110,11 @@ unsafe fn reap_with_state<K>(
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
-    let ks = entry.value();
-    if !ks.chain.try_claim() {
-        return None;
-    }
-    // SAFETY: the claim made us the chain's owner.
-    if let Some(st) = unsafe { ks.state.take() } {
+    let owned = Owned::claim(entry)?;
+    if let Some(st) = owned.take_state() {
         shared.state_hooks().release(entry.key(), st);
     }
+    let mut owned = Some(owned);
     let mut retired = false;
     let mut paused = false;
     // SAFETY: the entry is our table's; the closure retires only by moving our owned (claimed
@@ -124,21 +122,26 @@ where
     // lock, unless paused (`Control::retire_unless_paused`): a pause meanwhile is not lost.
     unsafe {
         retire_unlink(shared, entry, guard, garbage, |ks| {
-            match ks
-                .control
-                .retire_unless_paused(|| ks.chain.try_retire_owned())
-            {
+            let retire = || match owned.take().expect("ours until retired").try_retire() {
+                Ok(()) => true,
+                Err(still_ours) => {
+                    owned = Some(still_ours);
+                    false
+                }
+            };
+            match ks.control.retire_unless_paused(retire) {
                 Some(r) => retired = r,
                 None => paused = true,
             }
             retired
         })
     };
-    if paused {
-        // SAFETY: we still own the chain.
-        unsafe { crate::key_control::park_or_schedule(shared, NonNull::from(entry)) };
-    } else if !retired {
-        shared.schedule(Runnable::Chain(NonNull::from(entry)), None);
+    if let Some(owned) = owned {
+        if paused {
+            crate::key_control::park_or_schedule(shared, owned);
+        } else {
+            shared.schedule(Runnable::Chain(owned.into_ptr()), None);
+        }
     }
     Some(retired)
 }
@@ -201,30 +204,26 @@ fn released<K>(
 /// `shutdown_now` drained `entry`'s chain (its tasks were handed back): releases the key's
 /// state (if still there), the chain and, unless a worker's idle queue holds the key's item
 /// (that worker retires it when it exits), retires and frees the key now, so handed-back keys
-/// do not stay live until the drop. `false`: the chain was not empty after all (a push came),
+/// do not stay live until the drop. `Err`: the chain was not empty after all (a push came),
 /// and the caller still owns it.
 ///
 /// # Safety
-/// The caller owns `entry`'s chain (holds its baton), the chain is empty, and `entry` is an
-/// entry of `shared.table()`.
-pub(crate) unsafe fn release_drained<K>(shared: &Shared<K>, entry_ptr: NonNull<KeyEntry<K>>) -> bool
+/// `owned`'s entry is an entry of `shared.table()`.
+pub(crate) unsafe fn release_drained<K>(shared: &Shared<K>, owned: Owned<K>) -> Result<(), Owned<K>>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     // Pinned before the release: from then on others may retire the entry.
     let guard = shared.pin();
-    // SAFETY: we own the chain (the caller's contract), so the entry is alive.
-    let entry = unsafe { entry_ptr.as_ref() };
+    // SAFETY: the entry is alive while we hold the baton, and after the release under `guard`
+    // (pinned before it).
+    let entry = unsafe { owned.ptr().as_ref() };
     // Its state ends here (`shutdown_now` moved it to the key's handed-back tasks first, if
     // there are any: `state_hold.rs`).
-    // SAFETY: we own the chain.
-    if let Some(st) = unsafe { entry.value().state.take() } {
+    if let Some(st) = owned.take_state() {
         shared.state_hooks().release(entry.key(), st);
     }
-    // SAFETY: we own the chain.
-    if !unsafe { entry.value().chain.try_release() } {
-        return false; // not empty after all: still the caller's
-    }
+    owned.try_release()?; // not empty after all: still the caller's
     let now = shared.now_ms();
     if entry.value().idle.released(now) {
         // We set QUEUED: we hold the key's one idle item, so we may retire it (as its reaper).
@@ -238,7 +237,7 @@ where
         };
         shared.table().defer_free(garbage, &guard);
     }
-    true
+    Ok(())
 }
 
 /// Takes the oldest item and acts on it (`force`: whatever its deadline).

@@ -132,20 +132,3 @@ pub(crate) struct IdleItem<K> {
 // SAFETY: the entry stays allocated while it is in an idle queue (only the queue's owner may
 // retire it), and entries are Sync.
 unsafe impl<K: Send + Sync> Send for IdleItem<K> {}
-
-/// Pops every queued task of a chain we own.
-///
-/// # Safety
-/// The caller owns the entry's chain.
-pub(crate) unsafe fn drain_chain<K>(entry: &KeyEntry<K>, out: &mut Vec<TaskRef>) {
-    let ks = entry.value();
-    // `None` means the chain is empty, or that a push is half done (core `chain`, "The pop"):
-    // after `shutdown_now` stopped every worker (the routers that push onto chains) no push is
-    // left half done; `cancel_key` and a graceful shutdown's `cancel_paused` may leave such a
-    // task on the chain, which then runs or is taken later, in order.
-    // SAFETY: per the contract; popped nodes are ours.
-    while let Some(n) = unsafe { ks.chain.pop() } {
-        // SAFETY: we own the chain and just popped `n`.
-        out.push(unsafe { TaskRef::from_raw(n) });
-    }
-}

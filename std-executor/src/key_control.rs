@@ -14,6 +14,7 @@ use std::ptr::NonNull;
 
 use crate::control::Resumed;
 use crate::key::{KeyEntry, Runnable};
+use crate::owner::Owned;
 use crate::permit_wait::{Parked, ParkedFor};
 use crate::phase::AfterTask;
 use crate::route::entry_for;
@@ -46,9 +47,8 @@ where
         if !reg.phase.enter_busy() {
             return;
         }
-        if ks.chain.try_claim() {
-            // SAFETY: the claim made us the chain's owner.
-            unsafe { park_or_schedule(sh, NonNull::from(entry)) };
+        if let Some(owned) = Owned::claim(entry) {
+            park_or_schedule(sh, owned);
             reg.phase.leave_busy();
             return;
         }
@@ -81,18 +81,14 @@ where
     }
 }
 
-/// By the holder of `entry`'s chain: parks the chain if the key is paused; `true` if it did
-/// (the baton now belongs to the pause's wait, and the caller must not touch the chain again).
-///
-/// # Safety
-/// The caller owns `entry`'s chain (holds its baton).
-pub(crate) unsafe fn park<K>(sh: &Shared<K>, entry: NonNull<KeyEntry<K>>) -> bool
+/// By the holder of a key's chain: parks the chain if the key is paused (`Ok`: the baton now
+/// belongs to the pause's wait); else the baton is still the caller's (`Err`).
+pub(crate) fn park<K>(sh: &Shared<K>, owned: Owned<K>) -> Result<(), Owned<K>>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
-    // SAFETY: the caller owns the chain, so the entry is alive.
-    let ks = unsafe { entry.as_ref() }.value();
-    ks.control.park(|| {
+    let entry = owned.ptr();
+    let parked = owned.entry().value().control.park(|| {
         sh.permit_waits()
             .register(Parked {
                 entry,
@@ -100,21 +96,23 @@ where
                 why: ParkedFor::Pause,
             })
             .id()
-    })
+    });
+    if parked {
+        let _handed_to_the_wait = owned.into_ptr();
+        Ok(())
+    } else {
+        Err(owned)
+    }
 }
 
 /// [`park`], and if the key is not paused after all, hands the chain to a worker (which drains
 /// it and releases it as usual).
-///
-/// # Safety
-/// As for [`park`].
-pub(crate) unsafe fn park_or_schedule<K>(sh: &Shared<K>, entry: NonNull<KeyEntry<K>>)
+pub(crate) fn park_or_schedule<K>(sh: &Shared<K>, owned: Owned<K>)
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
-    // SAFETY: the caller's contract.
-    if !unsafe { park(sh, entry) } {
-        sh.schedule(Runnable::Chain(entry), None);
+    if let Err(owned) = park(sh, owned) {
+        sh.schedule(Runnable::Chain(owned.into_ptr()), None);
     }
 }
 
@@ -130,9 +128,8 @@ where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     // SAFETY: the caller's contract.
-    if unsafe { entry.as_ref() }.value().chain.try_claim() {
-        // SAFETY: the claim made us the owner.
-        unsafe { park_or_schedule(sh, entry) };
+    if let Some(owned) = Owned::claim(unsafe { entry.as_ref() }) {
+        park_or_schedule(sh, owned);
     }
 }
 
@@ -153,26 +150,25 @@ where
         .steal_where(|p| p.why == ParkedFor::Pause, |p| stolen.push(p.entry));
     let mut cancelled = Vec::new();
     for e in stolen {
-        // SAFETY: the steal gave us the chain's baton, so the entry is alive.
-        let ks = unsafe { e.as_ref() }.value();
+        // SAFETY: the steal took the baton from the pause's wait.
+        let owned = unsafe { Owned::assume(e) };
+        let ks = owned.entry().value();
         ks.control.forget_wait();
         if sh.lifecycle().is_stopped() {
             // `shutdown_now` has begun: its tasks are its to hand back. The caller is `BUSY`,
             // so `shutdown_now` drains the global queue only after this returns.
-            sh.global().push(Runnable::Chain(e));
+            sh.global().push(Runnable::Chain(owned.into_ptr()));
             continue;
         }
         if !ks.control.is_paused_by_user() {
             // Parked for a `cancel_key`'s hold (or resumed meanwhile), not for a pause: its
             // tasks run as any key's at a graceful shutdown (issue "Baton": they were
             // cancelled). Parked again while held, else scheduled.
-            // SAFETY: the steal gave us the chain's baton.
-            unsafe { park_or_schedule(sh, e) };
+            park_or_schedule(sh, owned);
             continue;
         }
         let before = cancelled.len();
-        // SAFETY: we own the chain.
-        unsafe { crate::key::drain_chain(e.as_ref(), &mut cancelled) };
+        owned.drain_into(&mut cancelled);
         let n = cancelled.len() - before;
         // A paused chain parks only before a task starts: nothing drained here had started.
         ks.seen.left(n);
@@ -180,24 +176,25 @@ where
         for _ in 0..n {
             sh.release_slot();
         }
-        // SAFETY: we still own the chain.
-        unsafe { park_or_schedule(sh, e) };
+        park_or_schedule(sh, owned);
     }
     cancelled
 }
 
 /// How an outside holder (`baton.rs`) came to hold a key's chain ([`hold_chain`]).
-pub(crate) enum Held {
+pub(crate) enum Held<K> {
     /// The chain is retired (`shutdown_now` released the key): nothing to take.
     Retired,
     /// The caller holds the chain's baton, taken from a pause's or a permit's parked wait, or
     /// claimed idle (never from a pending future, which is the key's running task). Its
     /// registration is `BUSY`: it gives the chain back before it leaves `BUSY`.
-    Baton,
+    Baton(Owned<K>),
     /// The calling thread is the chain's owner, inside one of the key's tasks, and has
     /// suspended its `RUNNING` phase (`Phase::suspend_running`): it may take what is queued
     /// (the owner's loop pops again after the task returns) and resumes `RUNNING` when done.
-    Mine,
+    /// The token is the suspended owner's, lent for that while and given back
+    /// ([`Owned::into_ptr`]) before it resumes.
+    Mine(Owned<K>),
     /// Called from one of the serializer's workers, which must not wait for another worker:
     /// the chain stayed busy, nothing was taken.
     Busy,
@@ -226,7 +223,7 @@ pub(crate) unsafe fn hold_chain<K>(
     entry: &KeyEntry<K>,
     hold: &crate::baton::OutsideHold<K>,
     on_worker: bool,
-) -> Held
+) -> Held<K>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
@@ -246,7 +243,8 @@ where
             if let Some(w) = sh.permit_waits().get(id) {
                 if sh.permit_waits().steal_one(&w) {
                     ks.control.forget_wait();
-                    return Held::Baton;
+                    // SAFETY: the steal took the baton from the pause's wait.
+                    return Held::Baton(unsafe { Owned::assume(ptr) });
                 }
             }
         } else if let Some(w) = sh
@@ -260,10 +258,11 @@ where
                 if let Some(token) = crate::sync::lock(&w.value().token).take() {
                     token.cancel(); // a late grant finds the wait stolen and gives back
                 }
-                return Held::Baton;
+                // SAFETY: the steal took the baton from the permit's wait.
+                return Held::Baton(unsafe { Owned::assume(ptr) });
             }
-        } else if ks.chain.try_claim() {
-            return Held::Baton;
+        } else if let Some(owned) = Owned::claim(entry) {
+            return Held::Baton(owned);
         }
         if hold.phase.leave_busy() {
             return Held::Stopped;
@@ -319,17 +318,19 @@ where
             reg.phase.leave_busy(); // resumed meanwhile: not ours
             continue;
         }
-        // SAFETY: the steal gave us the chain's baton: the entry is alive, the state ours.
+        // SAFETY: the steal took the baton from the pause's wait.
+        let mut owned = unsafe { Owned::assume(e) };
+        // SAFETY: the baton keeps the entry alive; past a hand-over below, the hook's key is
+        // read only while `shutdown_now`'s steal keeps the entry (a stolen chain is never
+        // retired).
         let entry = unsafe { e.as_ref() };
         entry.value().control.forget_wait();
-        // SAFETY: as above.
-        if let Some(st) = unsafe { entry.value().state.take() } {
+        if let Some(st) = owned.take_state() {
             reg.set_current(e);
             if !reg.phase.enter_running() {
                 // Stopped while we held it: the state goes back, the chain to `shutdown_now`.
-                // SAFETY: we hold the baton.
-                *unsafe { entry.value().state.slot() } = Some(st);
-                sh.global().push(Runnable::Chain(e));
+                *owned.state_slot() = Some(st);
+                sh.global().push(Runnable::Chain(owned.into_ptr()));
                 reg.phase.leave_busy();
                 return;
             }
@@ -342,19 +343,19 @@ where
                 AfterTask::Stolen => {
                     // `shutdown_now` has the chain; its handed-back tasks get a state made
                     // after the hook returned.
+                    let _stolen = owned.into_ptr();
                     crate::state_hold::worker_returns(&reg.lent, None);
                     reg.phase.leave_busy();
                     return;
                 }
                 AfterTask::HandBack => {
-                    sh.global().push(Runnable::Chain(e));
+                    sh.global().push(Runnable::Chain(owned.into_ptr()));
                     reg.phase.leave_busy();
                     return;
                 }
             }
         }
-        // SAFETY: we still own the chain.
-        unsafe { park_or_schedule(sh, e) };
+        park_or_schedule(sh, owned);
         reg.phase.leave_busy();
     }
 }
@@ -376,19 +377,18 @@ where
     sh.permit_waits()
         .steal_where(|p| p.why == ParkedFor::Pause, |p| stolen.push(p.entry));
     for e in stolen {
-        // SAFETY: the steal gave us the chain's baton: the entry is alive, the state ours.
+        // SAFETY: the steal took the baton from the pause's wait.
+        let owned = unsafe { Owned::assume(e) };
+        // SAFETY: the entry stays allocated under `guard`, pinned before the steal, whatever
+        // happens to it once given back.
         let entry = unsafe { e.as_ref() };
         entry.value().control.forget_wait();
         let mut tasks = Vec::new();
-        // SAFETY: as above.
-        unsafe { crate::key::drain_chain(entry, &mut tasks) };
+        owned.drain_into(&mut tasks);
         entry.value().seen.left(tasks.len());
         sh.count_dropped_outside(tasks.len() as u64);
-        // SAFETY: as above.
-        let state = unsafe { entry.value().state.take() };
-        // SAFETY: we still own the chain (the entry stays allocated under `guard`, pinned
-        // before the steal, whatever happens to it once given back).
-        unsafe { park_or_schedule(sh, e) };
+        let state = owned.take_state();
+        park_or_schedule(sh, owned);
         for t in tasks {
             sh.release_slot();
             t.abandon(crate::task::Abandon::Cancelled);

@@ -177,7 +177,10 @@
 // (its slot's phase word, `phase.rs`); a parked wait (`permit_wait.rs`: permits or a pause);
 // a pending future's wake word (`wake_state.rs`); an outside holder (`baton.rs`: `cancel_key`,
 // a handed-back state task's run), or the releaser of an idle key (a worker's reaper, or a
-// submitter making room under `max_keys`, which claims only an empty chain). `shutdown_now`
+// submitter making room under `max_keys`, which claims only an empty chain). In code, holding
+// it is holding an `Owned` token (`owner.rs`), the only caller of the chain's owner operations:
+// made by a claim or by the taker of a hand-over (a ready queue's pop, a grant, a waker, a steal),
+// spent by a release, a retire or the next hand-over. `shutdown_now`
 // takes a queue, a wait or a parked future over through that place's own word (one CAS that
 // decides against a grant, a resume or a waker), and every other holder that may hold tasks
 // (a worker, an outside holder) has a phase word that `shutdown_now` stops: it waits while the holder is
@@ -234,6 +237,7 @@ mod idle_word;
 mod key;
 mod key_budget;
 mod key_control;
+mod owner;
 mod permit_wait;
 mod permits;
 

@@ -67,53 +67,48 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Weak};
 
 use crate::key::{KeyEntry, Runnable};
+use crate::owner::Owned;
 use crate::permit_wait::{Parked, PermitWait};
 use crate::semaphore::{AcquireError, Permit};
 use crate::shared::Shared;
 use crate::sync::{lock, Mutex};
 use crate::task::{Abandon, TaskRef};
 
-pub(crate) enum PermitOutcome {
-    /// Run the task with these permits.
-    Run(TaskRef, Option<Permit>),
-    /// The chain is parked; the worker must not touch it again.
+pub(crate) enum PermitOutcome<K> {
+    /// Run the task with these permits (the baton is still ours).
+    Run(Owned<K>, TaskRef, Option<Permit>),
+    /// The chain is parked; its baton belongs to the permit's wait.
     Parked,
-    /// The task was resolved without running (closed semaphore).
-    Dropped,
+    /// The task was resolved without running (closed semaphore); the baton is still ours.
+    Dropped(Owned<K>),
 }
 
 /// Called by the chain's owner on a popped permit-gated task.
 pub(crate) fn acquire_or_park<K>(
     shared: &Arc<Shared<K>>,
-    entry: NonNull<KeyEntry<K>>,
+    owned: Owned<K>,
     mut task: TaskRef,
-) -> PermitOutcome
+) -> PermitOutcome<K>
 where
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
     if let Some(p) = task.take_granted() {
-        return PermitOutcome::Run(task, Some(p));
+        return PermitOutcome::Run(owned, task, Some(p));
     }
     let (sem, n) = task
         .permits()
         .expect("a permit-gated task knows its semaphore");
     match sem.try_acquire(n) {
-        Ok(p) => PermitOutcome::Run(task, Some(p)),
+        Ok(p) => PermitOutcome::Run(owned, task, Some(p)),
         Err(AcquireError::Closed) | Err(AcquireError::TooMany) => {
             task.abandon(Abandon::Cancelled);
-            PermitOutcome::Dropped
+            PermitOutcome::Dropped(owned)
         }
         Err(_) => {
-            // SAFETY: we own the chain and just popped this node from it.
-            unsafe {
-                entry
-                    .as_ref()
-                    .value()
-                    .chain
-                    .unpop(NonNull::from(task_into_raw(task)))
-            };
+            // SAFETY: the caller just popped `task`: the last popped.
+            unsafe { owned.unpop(task) };
             let wait = shared.permit_waits().register(Parked {
-                entry,
+                entry: owned.into_ptr(),
                 token: Mutex::new(None),
                 why: crate::permit_wait::ParkedFor::Permits,
             });
@@ -129,11 +124,6 @@ where
     }
 }
 
-fn task_into_raw(task: TaskRef) -> &'static mut crate::task::Header {
-    // SAFETY: `into_raw` gives up ownership of a live node; the chain takes it over.
-    unsafe { &mut *task.into_raw().as_ptr() }
-}
-
 fn on_grant<K>(
     weak: Weak<Shared<K>>,
     wait: crate::sync::Arc<PermitWait<Parked<K>>>,
@@ -146,28 +136,23 @@ fn on_grant<K>(
     };
     // On `Winner::Steal`, shutdown_now took the chain; dropping `res` returns the permits.
     shared.permit_waits().grant(&wait, |parked| {
-        // SAFETY: winning the grant gave us the chain's baton; the entry is alive while it is
-        // active.
-        let entry = unsafe { parked.entry.as_ref() };
-        let chain = &entry.value().chain;
-        // SAFETY: we own the chain; its head is the parked task.
-        let head = unsafe { chain.pop() }.expect("the parked task is at the head");
-        // SAFETY: popping made us the node's owner.
-        let mut task = unsafe { TaskRef::from_raw(head) };
+        // SAFETY: winning the grant took the baton from the permit's wait.
+        let owned = unsafe { Owned::assume(parked.entry) };
+        let mut task = owned.pop().expect("the parked task is at the head");
         match res {
             Ok(permit) => {
                 task.set_granted(permit);
-                // SAFETY: we own the chain; the node was just popped from it.
-                unsafe { chain.unpop(NonNull::from(task_into_raw(task))) };
+                // SAFETY: just popped.
+                unsafe { owned.unpop(task) };
             }
             Err(_) => {
-                entry.value().seen.left(1);
+                owned.entry().value().seen.left(1);
                 task.abandon(Abandon::Cancelled);
                 shared.count_dropped_outside(1);
                 shared.release_slot();
             }
         }
-        shared.schedule(Runnable::Chain(parked.entry), None);
+        shared.schedule(Runnable::Chain(owned.into_ptr()), None);
     });
 }
 

@@ -8,6 +8,7 @@
 //! walk of the lane. The chain's tasks are counted by those who push and take them (`key.rs`,
 //! `Seen`), and taken, by `cancel_key`, with the chain's baton (`key_control::hold_chain`).
 
+use crate::owner::Owned;
 use std::hash::Hash;
 use std::ptr::NonNull;
 use std::time::Duration;
@@ -280,7 +281,11 @@ where
             });
         let mut registration = None;
         let held = match mine {
-            Some(phase) if phase.suspend_running() => Held::Mine,
+            // SAFETY: the owner is this thread, inside the key's task, its phase suspended: its
+            // own token is not used until the task returns, and this one is given back first.
+            Some(phase) if phase.suspend_running() => {
+                Held::Mine(unsafe { Owned::assume(NonNull::from(entry)) })
+            }
             Some(_) => Held::Stopped, // `shutdown_now` stole the chain: its queue is handed back
             None => match sh.outside_holds().register() {
                 None => Held::Stopped,
@@ -304,13 +309,8 @@ where
         // Everything of the key that has not started is now in the chain (ours to pop), the
         // lane's deferrals or the lane: take the lane, so that nothing moves meanwhile.
         let drain_chain = |from_chain: &mut Vec<TaskRef>| {
-            if !matches!(held, Held::Baton | Held::Mine) {
-                return;
-            }
-            // SAFETY: we hold the chain's baton, or are its owner inside its task.
-            while let Some(n) = unsafe { ks.chain.pop() } {
-                // SAFETY: popped from a chain we own: ours.
-                from_chain.push(unsafe { TaskRef::from_raw(n) });
+            if let Held::Baton(owned) | Held::Mine(owned) = &held {
+                owned.drain_into(from_chain);
             }
         };
         let mut from_deferral: Vec<LaneTask> = Vec::new();
@@ -351,14 +351,14 @@ where
         // `shutdown_now` waiting for us then finds the chain parked or queued.
         ks.control.unhold();
         match held {
-            Held::Baton => {
-                // SAFETY: we hold the baton.
-                unsafe { crate::key_control::park_or_schedule(sh, NonNull::from(entry)) };
+            Held::Baton(owned) => {
+                crate::key_control::park_or_schedule(sh, owned);
                 if let Some(r) = &registration {
                     r.phase.leave_busy();
                 }
             }
-            Held::Mine => {
+            Held::Mine(lent) => {
+                let _back_to_the_task_owner = lent.into_ptr();
                 if let Some(phase) = mine {
                     phase.resume_running();
                 }

@@ -1,6 +1,7 @@
 //! The shutdown family (`shutdown`, `shutdown_now`, the bounded waits), termination, and
 //! dropping a serializer.
 
+use crate::owner::Owned;
 use std::hash::Hash;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -9,7 +10,6 @@ use std::time::{Duration, Instant};
 use keyserial_core::lane::Phase as LanePhase;
 
 use crate::deferral::Deferral;
-use crate::key::drain_chain;
 use crate::key::{KeyEntry, Runnable};
 use crate::lanes::STOPPER;
 use crate::pending::PendingTask;
@@ -315,20 +315,23 @@ where
         let backoff = crossbeam_utils::Backoff::new();
         let start = Instant::now();
         let deadline = start + *patience;
-        loop {
+        let owned = loop {
             if ks.chain.is_retired() || Instant::now() > deadline {
                 *patience = patience.saturating_sub(start.elapsed());
                 return None;
             }
-            if ks.chain.try_claim() {
-                break;
+            if let Some(owned) = Owned::claim(entry) {
+                break owned;
             }
             crate::sync::snooze(&backoff);
+        };
+        let state = owned.take_state();
+        // SAFETY: an entry of our table. The chain was claimed idle: empty, and after the
+        // stop no push comes, so the release cannot fail.
+        if let Err(owned) = unsafe { crate::idle::release_drained(&self.shared, owned) } {
+            let _still_queued = owned.into_ptr();
+            debug_assert!(false, "a push onto a chain after the stop");
         }
-        // SAFETY: the claim made us the owner.
-        let state = unsafe { ks.state.take() };
-        // SAFETY: we own the (empty: claimed idle) chain of an entry of our table.
-        unsafe { crate::idle::release_drained(&self.shared, NonNull::from(entry)) };
         state
     }
 
@@ -346,12 +349,15 @@ where
         out: &mut Vec<PendingTask<K>>,
         holds: &mut Holds<K>,
     ) {
-        // SAFETY: `phase.stop` gave us the chain's baton (`Stopped::Stole`), and the entry is
-        // not freed while the worker runs: nobody retires it (we do not, below).
+        // SAFETY: `phase.stop` gave us the chain's baton (`Stopped::Stole`): the worker's own
+        // token is not used again but to give up the key's state (`stolen_state`).
+        let owned = unsafe { Owned::assume(e) };
+        // SAFETY: the entry is not freed while the worker runs: nobody retires it (we do not,
+        // below: a stolen chain stays with `shutdown_now`).
         let entry = unsafe { e.as_ref() };
         let mut tasks = Vec::new();
-        // SAFETY: as above.
-        unsafe { drain_chain(entry, &mut tasks) };
+        owned.drain_into(&mut tasks);
+        let _kept_by_the_stop = owned.into_ptr();
         let start = out.len();
         self.hand_back_drained(entry, tasks, out);
         let sh = &*self.shared;
@@ -374,26 +380,31 @@ where
         out: &mut Vec<PendingTask<K>>,
         holds: &mut Holds<K>,
     ) {
-        // SAFETY: the caller took the chain's baton (stolen from a worker, a permit wait or a
-        // ready queue), so the entry is alive and the chain is ours.
+        // SAFETY: the caller took the chain's baton (stolen from a permit wait or an outside
+        // holder, or popped from a ready queue).
+        let owned = unsafe { Owned::assume(e) };
+        // SAFETY: alive while we hold the baton, and after its release under the guard
+        // `release_drained` pins first.
         let entry = unsafe { e.as_ref() };
         let mut tasks = Vec::new();
-        // SAFETY: as above.
-        unsafe { drain_chain(entry, &mut tasks) };
+        owned.drain_into(&mut tasks);
         let start = out.len();
         self.hand_back_drained(entry, tasks, out);
         let sh = &*self.shared;
         if sh.state_hooks().on && out.len() > start {
             if let Ok(key) = crate::user::catch(|| entry.key().clone()) {
-                // SAFETY: as above: the chain (and so the key's state) is ours.
-                let state = unsafe { entry.value().state.take() };
+                let state = owned.take_state();
                 let h = KeyStateHold::new(key, sh.state_hooks(), state, None);
                 attach(&mut out[start..], &h);
                 holds.add(entry.hash(), h);
             }
         }
-        // SAFETY: as above: we own the drained chain, and it is an entry of our table.
-        unsafe { crate::idle::release_drained(&self.shared, e) };
+        // SAFETY: an entry of our table. After the stop no push comes: the drained chain stays
+        // empty, and the release cannot fail.
+        if let Err(owned) = unsafe { crate::idle::release_drained(&self.shared, owned) } {
+            let _still_queued = owned.into_ptr();
+            debug_assert!(false, "a push onto a chain after the stop");
+        }
     }
 
     /// The tasks drained from `entry`'s chain, handed back (a started future is cancelled).

@@ -15,6 +15,7 @@ use std::ptr::NonNull;
 
 use super::{After, WorkerLoop};
 use crate::key::{KeyEntry, Runnable};
+use crate::owner::Owned;
 use crate::permits::PermitOutcome;
 use crate::phase::AfterTask;
 use crate::sync::Ordering;
@@ -41,11 +42,13 @@ where
     }
 
     pub(super) fn run_chain(&mut self, entry_ptr: NonNull<KeyEntry<K>>) -> After {
-        // SAFETY: we hold the chain's ACTIVE baton, so the entry is not retired and stays
-        // allocated until we release it.
+        // SAFETY: a chain on a ready queue is handed over with its baton (an activating push
+        // or its last holder put it there), and we popped it: the baton is ours.
+        let mut owned = unsafe { Owned::assume(entry_ptr) };
+        // SAFETY: we hold the chain's baton, so the entry is not retired and stays allocated
+        // until we give the baton up; `owned` is not used past that point.
         let entry = unsafe { entry_ptr.as_ref() };
         let ks = entry.value();
-        let chain = &ks.chain;
         let budget = self.shared.config().fairness_budget;
         let mut ran = 0;
         // Backs off on failed releases in a row with nothing to pop (see below).
@@ -53,48 +56,45 @@ where
         loop {
             if ran >= budget {
                 let guard = self.epoch.pin();
-                // SAFETY: we own the chain.
-                if unsafe { chain.try_release() } {
-                    self.released(entry_ptr, &guard);
-                } else {
+                match owned.try_release() {
+                    Ok(()) => self.released(entry_ptr, &guard),
                     // Yield: to the back of the global queue, behind keys that arrived
                     // meanwhile, where any worker can take it.
-                    self.shared.schedule(Runnable::Chain(entry_ptr), None);
+                    Err(o) => self.shared.schedule(Runnable::Chain(o.into_ptr()), None),
                 }
                 return After::Continue;
             }
-            // SAFETY: we own the chain; `kind_of` reads queued nodes of a chain we own.
-            let popped = unsafe { chain.pop_coalescing(|n| TaskRef::kind_of(n) == Kind::Latest) };
-            let Some(p) = popped else {
+            let Some((mut task, superseded)) = owned.pop_coalescing() else {
                 // A paused key's drained chain stays owned, parked (`control.rs`): the key
                 // stays live and its later items queue behind the pause.
-                // SAFETY: we own the chain.
-                if ks.control.is_paused()
-                    && unsafe { crate::key_control::park(self.shared, entry_ptr) }
-                {
-                    return After::Continue;
+                if ks.control.is_paused() {
+                    match crate::key_control::park(self.shared, owned) {
+                        Ok(()) => return After::Continue,
+                        Err(o) => owned = o,
+                    }
                 }
                 let guard = self.epoch.pin();
-                // SAFETY: we own the chain.
-                if unsafe { chain.try_release() } {
-                    self.released(entry_ptr, &guard);
-                    return After::Continue;
+                match owned.try_release() {
+                    Ok(()) => {
+                        self.released(entry_ptr, &guard);
+                        return After::Continue;
+                    }
+                    Err(o) => owned = o,
                 }
                 // Nothing to pop, yet a push is queued: it is between its two steps (core
                 // `chain`, "The pop"), normally a few instructions from done. Back off (spin,
                 // then yield, which lets a preempted pusher on this core run); once the backoff
                 // is spent, do not wait any longer: queue the key behind the others.
                 if stall.is_completed() {
-                    self.shared.schedule(Runnable::Chain(entry_ptr), None);
+                    self.shared
+                        .schedule(Runnable::Chain(owned.into_ptr()), None);
                     return After::Continue;
                 }
                 crate::sync::snooze(&stall);
                 continue;
             };
             stall.reset();
-            // SAFETY: we own the chain and just popped the node: it is ours alone.
-            let mut task = unsafe { TaskRef::from_raw(p.node) };
-            if p.superseded {
+            if superseded {
                 ks.seen.left(1);
                 task.abandon(Abandon::Superseded);
                 self.bump(|c| &c.dropped);
@@ -105,17 +105,18 @@ where
             // read after the pop, which acquired the task's push). A future is checked in
             // `poll_future`: a started one is the key's running task and goes on.
             if task.kind() != Kind::Future && ks.control.is_paused() {
-                // SAFETY: we own the chain, and `task` is the node we popped last.
-                unsafe { chain.unpop(task.into_raw()) };
-                // SAFETY: we own the chain.
-                if unsafe { crate::key_control::park(self.shared, entry_ptr) } {
-                    return After::Continue;
+                // SAFETY: `task` is the task we popped last.
+                unsafe { owned.unpop(task) };
+                match crate::key_control::park(self.shared, owned) {
+                    Ok(()) => return After::Continue,
+                    Err(o) => owned = o,
                 }
                 continue;
             }
             if task.kind() == Kind::Future {
-                match self.poll_future(entry_ptr, task) {
-                    Polled::Again => {
+                match self.poll_future(owned, task) {
+                    Polled::Again(o) => {
+                        owned = o;
                         ran += 1;
                         continue;
                     }
@@ -125,13 +126,15 @@ where
             }
             let mut permit = None;
             if task.kind() == Kind::Permits {
-                match crate::permits::acquire_or_park(self.shared, entry_ptr, task) {
-                    PermitOutcome::Run(t, p) => {
+                match crate::permits::acquire_or_park(self.shared, owned, task) {
+                    PermitOutcome::Run(o, t, p) => {
+                        owned = o;
                         task = t;
                         permit = p;
                     }
                     PermitOutcome::Parked => return After::Continue,
-                    PermitOutcome::Dropped => {
+                    PermitOutcome::Dropped(o) => {
+                        owned = o;
                         ks.seen.left(1);
                         self.bump(|c| &c.dropped);
                         self.release_capacity();
@@ -151,9 +154,9 @@ where
                 // (through the global queue): a worker routing a lane may push onto the chain
                 // until every worker has stopped, which `shutdown_now` waits for before it
                 // drains the queues; a worker not stopped yet may still run the chain.
-                // SAFETY: we own the chain, and `task` is the node we popped last.
-                unsafe { chain.unpop(task.into_raw()) };
-                self.shared.global().push(Runnable::Chain(entry_ptr));
+                // SAFETY: `task` is the task we popped last.
+                unsafe { owned.unpop(task) };
+                self.shared.global().push(Runnable::Chain(owned.into_ptr()));
                 return After::Exit;
             }
             self.release_capacity();
@@ -168,8 +171,7 @@ where
                 }
             };
             if task.kind() == Kind::State {
-                // SAFETY: we own the chain, so its key's state is ours to hand over.
-                let slot = unsafe { ks.state.slot() };
+                let slot = owned.state_slot();
                 let mut source = crate::state::EntrySource {
                     slot,
                     key: entry.key(),
@@ -186,12 +188,12 @@ where
                 AfterTask::Stolen => {
                     // The chain is not ours any more; the key's state goes to its handed-back
                     // tasks.
-                    self.stolen_state(entry_ptr);
+                    self.stolen_state(owned);
                     return After::Exit;
                 }
                 AfterTask::HandBack => {
                     // STOP without STOLEN: the chain is still ours; as above.
-                    self.shared.global().push(Runnable::Chain(entry_ptr));
+                    self.shared.global().push(Runnable::Chain(owned.into_ptr()));
                     return After::Exit;
                 }
             }
@@ -206,22 +208,24 @@ where
     /// `shutdown_now` stole `entry`'s chain while this worker was inside one of its tasks,
     /// which has now returned: the key's state goes to the key's handed-back tasks, through
     /// this slot (`state_hold.rs`, "A state lent to a running task").
-    fn stolen_state(&self, entry: NonNull<KeyEntry<K>>) {
+    fn stolen_state(&self, was_ours: Owned<K>) {
         if self.shared.state_hooks().on {
-            // SAFETY: the thief (`shutdown_now`) holds the baton but never touches a stolen
-            // chain's state, and the task that used it has returned: we are its last user. The
-            // entry stays allocated (a stolen chain is never retired).
-            let state = unsafe { entry.as_ref().value().state.take() };
+            // The thief (`shutdown_now`) holds the baton now but never touches a stolen
+            // chain's state, and the task that used it has returned: we are its last user, and
+            // the token, the last of our hold, gives it up here. The entry stays allocated (a
+            // stolen chain is never retired).
+            let state = was_ours.take_state();
             crate::state_hold::worker_returns(&self.slot.lent, state);
         }
+        let _stolen = was_ours.into_ptr();
     }
 }
 
 /// How polling a key's future ended for the chain's owner.
-enum Polled {
+enum Polled<K> {
     /// Go on with the chain (the future completed, or was woken during its poll and is back at
-    /// the chain's head).
-    Again,
+    /// the chain's head): the baton, still ours.
+    Again(Owned<K>),
     /// The future is pending and its chain parked: the chain is not ours any more.
     Parked,
     /// `shutdown_now` stopped the worker (the future is cancelled, or put back with the chain).
@@ -236,10 +240,11 @@ where
     /// owns (`future_task.rs`: "Where a future lives" and "The wake state"). The node stays
     /// where it is: put back at the chain's head while the future is pending, freed once it is
     /// done.
-    fn poll_future(&mut self, entry_ptr: NonNull<KeyEntry<K>>, task: TaskRef) -> Polled {
-        // SAFETY: we own the chain, so the entry is alive.
+    fn poll_future(&mut self, owned: Owned<K>, task: TaskRef) -> Polled<K> {
+        let entry_ptr = owned.ptr();
+        // SAFETY: we own the chain, so the entry is alive while the baton is ours; past a hand-
+        // over below (the park) neither `ks` nor `owned` is used.
         let ks = unsafe { entry_ptr.as_ref() }.value();
-        let chain = &ks.chain;
         // We own the chain: its head future is ours to poll, not parked any more.
         ks.parked_future
             .store(std::ptr::null_mut(), Ordering::Relaxed);
@@ -249,13 +254,11 @@ where
         if first && ks.control.is_paused() {
             // Paused before it started: back at the head, unstarted, and the chain parks
             // (`control.rs`). A started future is the key's running task and goes on.
-            // SAFETY: we own the chain, and `task` is the node we popped last.
-            unsafe { chain.unpop(task.into_raw()) };
-            // SAFETY: we own the chain.
-            return if unsafe { crate::key_control::park(self.shared, entry_ptr) } {
-                Polled::Parked
-            } else {
-                Polled::Again
+            // SAFETY: `task` is the task we popped last.
+            unsafe { owned.unpop(task) };
+            return match crate::key_control::park(self.shared, owned) {
+                Ok(()) => Polled::Parked,
+                Err(o) => Polled::Again(o),
             };
         }
         self.slot
@@ -267,9 +270,9 @@ where
         if !self.slot.phase.enter_running() {
             // `shutdown_now`: as for a task (`run_chain`), the future goes back (started or
             // not, as it was) and the chain to the others.
-            // SAFETY: we own the chain, and `task` is the node we popped last.
-            unsafe { chain.unpop(task.into_raw()) };
-            self.shared.global().push(Runnable::Chain(entry_ptr));
+            // SAFETY: `task` is the task we popped last.
+            unsafe { owned.unpop(task) };
+            self.shared.global().push(Runnable::Chain(owned.into_ptr()));
             return Polled::Exit;
         }
         if first {
@@ -299,13 +302,13 @@ where
             job.state().finish();
             future_task::finish_completed::<K>(task);
             return match after {
-                AfterTask::Continue => Polled::Again,
+                AfterTask::Continue => Polled::Again(owned),
                 AfterTask::Stolen => {
-                    self.stolen_state(entry_ptr);
+                    self.stolen_state(owned);
                     Polled::Exit
                 }
                 AfterTask::HandBack => {
-                    self.shared.global().push(Runnable::Chain(entry_ptr));
+                    self.shared.global().push(Runnable::Chain(owned.into_ptr()));
                     Polled::Exit
                 }
             };
@@ -317,28 +320,30 @@ where
             self.finish_task(false);
             task.abandon(Abandon::Cancelled);
             if after == AfterTask::HandBack {
-                self.shared.global().push(Runnable::Chain(entry_ptr));
+                self.shared.global().push(Runnable::Chain(owned.into_ptr()));
             } else {
-                self.stolen_state(entry_ptr);
+                self.stolen_state(owned);
             }
             return Polled::Exit;
         }
         // Pending: the node goes back to the chain's head, the wake state into the entry (for
         // `shutdown_now`), and the chain parks on the wake state.
         let state: *const WakeState = job.state();
-        // SAFETY: we own the chain, and `task` is the node we popped last.
-        unsafe { chain.unpop(task.into_raw()) };
+        // SAFETY: `task` is the task we popped last.
+        unsafe { owned.unpop(task) };
         ks.parked_future.store(state.cast_mut(), Ordering::Release);
         // SAFETY: the node, and with it a counted reference to the cell, is on the chain we
         // still own until the park succeeds: the state is alive.
         if unsafe { (*state).try_park() } {
-            // The baton is the wakers' now: we touch neither the chain nor the cell again.
+            // The baton is the wakers' now (handed over to the wake state): we touch neither
+            // the chain nor the cell again.
+            let _parked = owned.into_ptr();
             Polled::Parked
         } else {
             // Woken during the poll: still ours, at the chain's head; poll it again.
             ks.parked_future
                 .store(std::ptr::null_mut(), Ordering::Relaxed);
-            Polled::Again
+            Polled::Again(owned)
         }
     }
 }
