@@ -1643,6 +1643,7 @@ mod tests {
                 "striped",
                 "tokio_actor",
                 "tokio_mutex",
+                "tokio_chain",
                 "unordered",
             ]
         );
