@@ -91,7 +91,7 @@ struct Cli {
     /// The sizes of BENCHMARKS.md's results (W1 16 x 5,000 tasks, W3 1 M keys, W4's slow key
     /// 100 x 5 ms, W6 1 M tasks per point, W7 also at 1 M keys, W8 10,000 keys) and up to 7
     /// runs a row (W1: 5)
-    /// within 4 s per 3 runs; about 9 minutes on 2 cores. Without --quick or --full: every
+    /// within 4 s per 3 runs; about 10 minutes on 2 cores. Without --quick or --full: every
     /// workload smaller, 3 runs a row (W4: 5) within 1.2 s per 3 runs, about a minute
     #[arg(long)]
     full: bool,
