@@ -68,6 +68,7 @@ fn workloads(c: &mut Criterion) {
                 b.iter_custom(|iters| {
                     contender.visit(
                         workers,
+                        &w,
                         Timed {
                             w: &w,
                             contender,

@@ -2,7 +2,7 @@
 //!
 //! [`KeyedExecutor`] has a generic `submit`, so it is not object-safe; code that runs "each
 //! contender" passes a [`Visit`]or, which [`Contender::visit`] calls with a freshly built executor of
-//! the concrete type (dropped, threads joined, when the visit returns).
+//! the concrete type for a workload (dropped, threads joined, when the visit returns).
 
 use crate::exec::KeyedExecutor;
 use crate::inline::Inline;
@@ -227,12 +227,17 @@ impl Contender {
         }
     }
 
-    /// Builds the contender with `workers` pool threads and hands it to `v`.
-    pub fn visit<V: Visit>(self, workers: usize, v: V) -> V::Out {
+    /// Builds the contender with `workers` pool threads, as it runs workload `w`, and hands it
+    /// to `v`. keyserial's rows get a tokio runtime handle for the workloads of futures only
+    /// (W7, W8: the tokio rows' runtime configuration); for closures they are built as before.
+    pub fn visit<V: Visit>(self, workers: usize, w: &Workload, v: V) -> V::Out {
         let workers = workers.max(1);
+        let tokio = w.is_async();
         match self {
-            Contender::Keyserial => visit_keyserial(workers, None, v),
-            Contender::KeyserialBounded => visit_keyserial(workers, Some(BOUNDED_CAPACITY), v),
+            Contender::Keyserial => visit_keyserial(workers, None, tokio, v),
+            Contender::KeyserialBounded => {
+                visit_keyserial(workers, Some(BOUNDED_CAPACITY), tokio, v)
+            }
             Contender::Inline => v.visit(&Inline::new()),
             Contender::ThreadPerKey => v.visit(&ThreadPerKey::new()),
             Contender::Lanes1x => v.visit(&Lanes::new("lanes_1x", workers)),
@@ -249,8 +254,8 @@ impl Contender {
 // Whether the keyserial row is built in (it is; kept as a switch for builds of the baselines alone).
 const KEYSERIAL: bool = true;
 
-fn visit_keyserial<V: Visit>(workers: usize, capacity: Option<usize>, v: V) -> V::Out {
-    v.visit(&KeyserialExec::new(workers, capacity))
+fn visit_keyserial<V: Visit>(workers: usize, capacity: Option<usize>, tokio: bool, v: V) -> V::Out {
+    v.visit(&KeyserialExec::new(workers, capacity, tokio))
 }
 
 /// The number of pool threads to use by default: the machine's available parallelism.

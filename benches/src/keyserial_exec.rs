@@ -8,11 +8,11 @@
 //! pre-boxed `Task` itself, passed to `execute` the same way (the default
 //! [`KeyedExecutor::submit_boxed`]).
 //! Futures (W7, W8) go to `execute_async(key, future)` (no handle, as closures go to `execute`),
-//! wrapped only to count their completion. The serializer is built with `tokio_handle` (Cargo
-//! feature `tokio`) on a runtime of the same configuration as the tokio contenders'
-//! ([`tokio_runtime`]), as a tokio application's serializer uses its runtime: W8's futures sleep
-//! on its timer. The runtime's threads are idle unless a future uses its timer; closures never
-//! enter it.
+//! wrapped only to count their completion. For the workloads of futures the serializer is built
+//! with `tokio_handle` (Cargo feature `tokio`) on a runtime of the same configuration as the tokio
+//! contenders' ([`tokio_runtime`]), as a tokio application's serializer uses its runtime: W8's
+//! futures sleep on its timer. For closures there is no runtime: the rows of W1-W6 are what they
+//! were before the runtime existed.
 //! Waiting for idle uses the same [`Completion`] counters as every baseline.
 
 use std::future::Future;
@@ -32,18 +32,19 @@ pub struct KeyserialExec {
     ser: Serializer<u64>,
     done: Arc<Completion>,
     // Dropped after the serializer, so no future outlives the timer it may be registered with.
-    _rt: Runtime,
+    _rt: Option<Runtime>,
 }
 
 impl KeyserialExec {
-    /// A serializer with `workers` worker threads, a tokio runtime handle ([`tokio_runtime`]
-    /// with `workers` threads) and, if given, a queue bound of `capacity` tasks (everything else
-    /// at its defaults).
-    pub fn new(workers: usize, capacity: Option<usize>) -> Self {
-        let rt = tokio_runtime(workers, "keyserial-tokio");
-        let mut builder = Serializer::<u64>::builder()
-            .workers(workers)
-            .tokio_handle(rt.handle().clone());
+    /// A serializer with `workers` worker threads, if `tokio` a tokio runtime handle
+    /// ([`tokio_runtime`] with `workers` threads), and, if given, a queue bound of `capacity`
+    /// tasks (everything else at its defaults).
+    pub fn new(workers: usize, capacity: Option<usize>, tokio: bool) -> Self {
+        let rt = tokio.then(|| tokio_runtime(workers, "keyserial-tokio"));
+        let mut builder = Serializer::<u64>::builder().workers(workers);
+        if let Some(rt) = &rt {
+            builder = builder.tokio_handle(rt.handle().clone());
+        }
         if let Some(c) = capacity {
             builder = builder.capacity(c);
         }

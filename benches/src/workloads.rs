@@ -555,6 +555,11 @@ impl Workload {
         }
     }
 
+    /// Whether its tasks are futures (W7, W8), which run on the async contenders only.
+    pub fn is_async(&self) -> bool {
+        matches!(self, Workload::Async { .. } | Workload::Sleep { .. })
+    }
+
     /// Number of distinct keys.
     pub fn keys(&self) -> usize {
         match self {

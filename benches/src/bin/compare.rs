@@ -1098,6 +1098,7 @@ fn main() -> ExitCode {
                     let t0 = Instant::now();
                     let out = row.contender.visit(
                         args.workers,
+                        w,
                         RunOne {
                             w,
                             mode,
