@@ -1,4 +1,4 @@
-//! Criterion suite: W1–W7 at small sizes ([`Size::Bench`]) on every contender.
+//! Criterion suite: W1–W8 at small sizes ([`Size::Bench`]) on every contender.
 //!
 //! Benchmark ids are `<workload>/<executor>`, e.g. `w2_overhead/keyserial` or
 //! `w6_scale_10k/striped`, stable across runs so that `--save-baseline` / `--baseline` compare
@@ -68,6 +68,7 @@ fn workloads(c: &mut Criterion) {
                 b.iter_custom(|iters| {
                     contender.visit(
                         workers,
+                        &w,
                         Timed {
                             w: &w,
                             contender,

@@ -2,7 +2,7 @@
 //!
 //! [`KeyedExecutor`] has a generic `submit`, so it is not object-safe; code that runs "each
 //! contender" passes a [`Visit`]or, which [`Contender::visit`] calls with a freshly built executor of
-//! the concrete type (dropped, threads joined, when the visit returns).
+//! the concrete type for a workload (dropped, threads joined, when the visit returns).
 
 use crate::exec::KeyedExecutor;
 use crate::inline::Inline;
@@ -11,6 +11,7 @@ use crate::lanes::Lanes;
 use crate::striped::Striped;
 use crate::thread_per_key::ThreadPerKey;
 use crate::tokio_actor::TokioActor;
+use crate::tokio_chain::TokioChain;
 use crate::tokio_mutex::TokioMutex;
 use crate::unordered::Unordered;
 use crate::workloads::Workload;
@@ -51,13 +52,16 @@ pub enum Contender {
     TokioActor,
     /// A tokio `Mutex` per key, each future a spawned task holding it (W7 only).
     TokioMutex,
+    /// A keyed chain on tokio: a map key → queue of futures, one drainer task per busy key
+    /// (W7 and W8 only).
+    TokioChain,
     /// A plain pool on one channel (not a serializer).
     Unordered,
 }
 
 impl Contender {
     /// The baselines, in table order.
-    pub const BASELINES: [Contender; 8] = [
+    pub const BASELINES: [Contender; 9] = [
         Contender::Inline,
         Contender::ThreadPerKey,
         Contender::Lanes1x,
@@ -65,6 +69,7 @@ impl Contender {
         Contender::Striped,
         Contender::TokioActor,
         Contender::TokioMutex,
+        Contender::TokioChain,
         Contender::Unordered,
     ];
 
@@ -111,6 +116,7 @@ impl Contender {
             Contender::Striped => "striped",
             Contender::TokioActor => "tokio_actor",
             Contender::TokioMutex => "tokio_mutex",
+            Contender::TokioChain => "tokio_chain",
             Contender::Unordered => "unordered",
         }
     }
@@ -127,7 +133,8 @@ impl Contender {
     pub fn describe(self, workers: usize) -> String {
         match self {
             Contender::Keyserial => format!(
-                "keyserial::Serializer<u64>, {workers} workers, execute() (W7: execute_async())"
+                "keyserial::Serializer<u64>, {workers} workers, execute() (W7, W8: execute_async(), \
+                 with tokio_handle on the runtime below)"
             ),
             Contender::KeyserialBounded => format!(
                 "the same with .capacity({BOUNDED_CAPACITY}): submit waits while that many tasks are queued"
@@ -139,13 +146,15 @@ impl Contender {
             Contender::Striped => format!(
                 "global Mutex<HashMap<key, VecDeque<task>>> + {workers} workers (StripedExecutorService design)"
             ),
-            Contender::TokioActor => format!(
-                "tokio actor per key (unbounded mpsc + spawned task), {workers} runtime workers"
-            ),
-            Contender::TokioMutex => format!(
-                "W7: map of Arc<tokio::sync::Mutex<()>> per key, each future spawned and holding its \
-                 key's lock, {workers} runtime workers"
-            ),
+            Contender::TokioActor => {
+                "tokio actor per key (unbounded mpsc + spawned task; W7, W8: awaits each future)".into()
+            }
+            Contender::TokioMutex => "W7: map of Arc<tokio::sync::Mutex<()>> per key, each future \
+                 spawned and holding its key's lock (order checked, not promised)"
+                .into(),
+            Contender::TokioChain => "W7, W8: keyed chain on tokio: sharded map key -> queue of \
+                 boxed futures, one drainer task per busy key, removed when its queue empties"
+                .into(),
             Contender::Unordered => format!(
                 "{workers} workers on one crossbeam channel, no order (floor of a handoff)"
             ),
@@ -165,29 +174,33 @@ impl Contender {
         self != Contender::Unordered
     }
 
-    /// Whether the contender runs `w` at all (a row of `w`'s table). W7's futures only run on
-    /// executors that hold no thread while a future is pending; `tokio_mutex` runs W7 only;
-    /// `keyserial_bounded` runs where the bound matters: where tasks create keys faster than
-    /// workers retire them (W3, W6), where several producers outrun the workers and wait on
-    /// it together (W5), and where one submitter outruns the workers with futures (W7).
+    /// Whether the contender runs `w` at all (a row of `w`'s table). W7's and W8's futures only
+    /// run on executors that hold no thread while a future is pending; `tokio_mutex` runs W7
+    /// only, `tokio_chain` W7 and W8; W8 (latency) runs on keyserial and the two ordered tokio
+    /// designs; `keyserial_bounded` runs where the bound matters: where tasks create keys faster
+    /// than workers retire them (W3, W6), where several producers outrun the workers and wait
+    /// on it together (W5), and where one submitter outruns the workers with futures (W7).
     pub fn runs_on(self, w: &Workload) -> bool {
         match (self, w.group()) {
             (
                 Contender::Keyserial
                 | Contender::KeyserialBounded
                 | Contender::TokioActor
-                | Contender::TokioMutex,
+                | Contender::TokioMutex
+                | Contender::TokioChain,
                 "W7",
             ) => true,
-            (_, "W7") | (Contender::TokioMutex, _) => false,
+            (Contender::Keyserial | Contender::TokioActor | Contender::TokioChain, "W8") => true,
+            (_, "W7" | "W8") | (Contender::TokioMutex | Contender::TokioChain, _) => false,
             (Contender::KeyserialBounded, g) => matches!(g, "W3" | "W5" | "W6" | "W7"),
             _ => true,
         }
     }
 
     /// Whether keyserial's ratios are taken against this contender: the ordered designs people
-    /// write by hand (thread per key, lanes, striped, tokio actors). Not keyserial's own rows, not
-    /// `inline` (the work's own cost), not the unordered pool (no order).
+    /// write by hand (thread per key, lanes, striped, tokio actors, the keyed chain on tokio).
+    /// Not keyserial's own rows, not `inline` (the work's own cost), not the unordered pool and
+    /// not `tokio_mutex` (neither promises order).
     pub fn is_ordered_baseline(self) -> bool {
         matches!(
             self,
@@ -196,6 +209,7 @@ impl Contender {
                 | Contender::Lanes4x
                 | Contender::Striped
                 | Contender::TokioActor
+                | Contender::TokioChain
         )
     }
 
@@ -213,12 +227,17 @@ impl Contender {
         }
     }
 
-    /// Builds the contender with `workers` pool threads and hands it to `v`.
-    pub fn visit<V: Visit>(self, workers: usize, v: V) -> V::Out {
+    /// Builds the contender with `workers` pool threads, as it runs workload `w`, and hands it
+    /// to `v`. keyserial's rows get a tokio runtime handle for the workloads of futures only
+    /// (W7, W8: the tokio rows' runtime configuration); for closures they are built as before.
+    pub fn visit<V: Visit>(self, workers: usize, w: &Workload, v: V) -> V::Out {
         let workers = workers.max(1);
+        let tokio = w.is_async();
         match self {
-            Contender::Keyserial => visit_keyserial(workers, None, v),
-            Contender::KeyserialBounded => visit_keyserial(workers, Some(BOUNDED_CAPACITY), v),
+            Contender::Keyserial => visit_keyserial(workers, None, tokio, v),
+            Contender::KeyserialBounded => {
+                visit_keyserial(workers, Some(BOUNDED_CAPACITY), tokio, v)
+            }
             Contender::Inline => v.visit(&Inline::new()),
             Contender::ThreadPerKey => v.visit(&ThreadPerKey::new()),
             Contender::Lanes1x => v.visit(&Lanes::new("lanes_1x", workers)),
@@ -226,6 +245,7 @@ impl Contender {
             Contender::Striped => v.visit(&Striped::new(workers)),
             Contender::TokioActor => v.visit(&TokioActor::new(workers)),
             Contender::TokioMutex => v.visit(&TokioMutex::new(workers)),
+            Contender::TokioChain => v.visit(&TokioChain::new(workers)),
             Contender::Unordered => v.visit(&Unordered::new(workers)),
         }
     }
@@ -234,8 +254,8 @@ impl Contender {
 // Whether the keyserial row is built in (it is; kept as a switch for builds of the baselines alone).
 const KEYSERIAL: bool = true;
 
-fn visit_keyserial<V: Visit>(workers: usize, capacity: Option<usize>, v: V) -> V::Out {
-    v.visit(&KeyserialExec::new(workers, capacity))
+fn visit_keyserial<V: Visit>(workers: usize, capacity: Option<usize>, tokio: bool, v: V) -> V::Out {
+    v.visit(&KeyserialExec::new(workers, capacity, tokio))
 }
 
 /// The number of pool threads to use by default: the machine's available parallelism.

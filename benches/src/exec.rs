@@ -96,6 +96,27 @@ pub trait KeyedExecutor: Send + Sync {
     fn wait_idle(&self, timeout: Duration) -> bool;
 }
 
+/// The tokio runtime every async contender runs on (`tokio_actor`, `tokio_mutex`,
+/// `tokio_chain`, and keyserial's `tokio_handle`): multi-thread, `workers` worker threads, the
+/// time driver on (W8's futures sleep on tokio's timer), no I/O driver. One configuration for
+/// all, so that no row wins by its runtime; [`describe_tokio_runtime`] says it in the output.
+pub fn tokio_runtime(workers: usize, name: &str) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers.max(1))
+        .enable_time()
+        .thread_name(name)
+        .build()
+        .expect("tokio runtime")
+}
+
+/// [`tokio_runtime`]'s configuration in words, for the compare program's header.
+pub fn describe_tokio_runtime(workers: usize) -> String {
+    format!(
+        "tokio multi-thread runtime, {} worker threads, time driver on",
+        workers.max(1)
+    )
+}
+
 /// Polls `fut` to completion on the calling thread, parking it while the future is pending.
 pub fn block_on<F: Future>(fut: F) -> F::Output {
     struct Unpark(std::thread::Thread);

@@ -1,13 +1,18 @@
 //! The keyserial rows: an adapter from [`KeyedExecutor`] to `keyserial::Serializer<u64>`.
 //!
 //! It uses only the public API contract (DESIGN.md section 3): `Serializer::builder()`,
-//! `.workers(n)`, `.capacity(c)` (the bounded row only), `.build()` and `execute(key, closure)`.
+//! `.workers(n)`, `.tokio_handle(h)`, `.capacity(c)` (the bounded row only), `.build()`, `execute(key,
+//! closure)` and `execute_async(key, future)`.
 //! The closure is passed on as it is, wrapped only to count its completion: no `Box` (keyserial's
 //! own allocation per task is part of what is measured). In the boxed mode the closure is the
 //! pre-boxed `Task` itself, passed to `execute` the same way (the default
 //! [`KeyedExecutor::submit_boxed`]).
-//! Futures (W7) go to `execute_async(key, future)` (no handle, as closures go to `execute`),
-//! wrapped only to count their completion.
+//! Futures (W7, W8) go to `execute_async(key, future)` (no handle, as closures go to `execute`),
+//! wrapped only to count their completion. For the workloads of futures the serializer is built
+//! with `tokio_handle` (Cargo feature `tokio`) on a runtime of the same configuration as the tokio
+//! contenders' ([`tokio_runtime`]), as a tokio application's serializer uses its runtime: W8's
+//! futures sleep on its timer. For closures there is no runtime: the rows of W1-W6 are what they
+//! were before the runtime existed.
 //! Waiting for idle uses the same [`Completion`] counters as every baseline.
 
 use std::future::Future;
@@ -16,7 +21,9 @@ use std::time::Duration;
 
 use keyserial::Serializer;
 
-use crate::exec::{Completion, KeyedExecutor, StaticRef};
+use tokio::runtime::Runtime;
+
+use crate::exec::{tokio_runtime, Completion, KeyedExecutor, StaticRef};
 
 /// keyserial's `Serializer<u64>` behind the comparison trait.
 pub struct KeyserialExec {
@@ -24,13 +31,20 @@ pub struct KeyserialExec {
     // and joins the workers, after which nothing uses `done` through a `StaticRef`.
     ser: Serializer<u64>,
     done: Arc<Completion>,
+    // Dropped after the serializer, so no future outlives the timer it may be registered with.
+    _rt: Option<Runtime>,
 }
 
 impl KeyserialExec {
-    /// A serializer with `workers` worker threads and, if given, a queue bound of `capacity`
+    /// A serializer with `workers` worker threads, if `tokio` a tokio runtime handle
+    /// ([`tokio_runtime`] with `workers` threads), and, if given, a queue bound of `capacity`
     /// tasks (everything else at its defaults).
-    pub fn new(workers: usize, capacity: Option<usize>) -> Self {
+    pub fn new(workers: usize, capacity: Option<usize>, tokio: bool) -> Self {
+        let rt = tokio.then(|| tokio_runtime(workers, "keyserial-tokio"));
         let mut builder = Serializer::<u64>::builder().workers(workers);
+        if let Some(rt) = &rt {
+            builder = builder.tokio_handle(rt.handle().clone());
+        }
         if let Some(c) = capacity {
             builder = builder.capacity(c);
         }
@@ -38,6 +52,7 @@ impl KeyserialExec {
         KeyserialExec {
             ser,
             done: Arc::new(Completion::new()),
+            _rt: rt,
         }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Each key gets an unbounded `tokio::sync::mpsc` channel and a spawned task that receives and runs
 //! the key's tasks in order; a sharded `Mutex<HashMap<u64, UnboundedSender>>` finds a key's sender
-//! (created, with its actor, on the key's first task). The runtime has `worker_threads = workers`.
+//! (created, with its actor, on the key's first task). The runtime is [`tokio_runtime`] (`worker_threads = workers`).
 //! Tasks are plain closures run on the runtime's workers, as they would be in an application that
 //! moved its per-key work onto tokio. Actors live until the executor is dropped (the map never
 //! shrinks), which is what a straightforward version does; it costs a task and a channel per key.
@@ -18,7 +18,7 @@ use crossbeam_utils::CachePadded;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
-use crate::exec::{bucket, Completion, KeyMap, KeyedExecutor, Task, TaskFuture};
+use crate::exec::{bucket, tokio_runtime, Completion, KeyMap, KeyedExecutor, Task, TaskFuture};
 
 const SHARDS: usize = 64;
 
@@ -41,13 +41,9 @@ pub struct TokioActor {
 }
 
 impl TokioActor {
-    /// A runtime with `workers` worker threads.
+    /// A runtime with `workers` worker threads ([`tokio_runtime`]).
     pub fn new(workers: usize) -> Self {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers)
-            .thread_name("tokio-actor")
-            .build()
-            .expect("tokio runtime");
+        let rt = tokio_runtime(workers, "tokio-actor");
         TokioActor {
             shards: shards(),
             future_shards: shards(),

@@ -2,7 +2,7 @@
 //!
 //! A sharded map key → `Arc<tokio::sync::Mutex<()>>` (created on the key's first future, never
 //! removed); every submitted future is `tokio::spawn`ed as a task of its own that locks its key's
-//! mutex, awaits the future and unlocks. The runtime has `worker_threads = workers`.
+//! mutex, awaits the future and unlocks. The runtime is [`tokio_runtime`] (`worker_threads = workers`).
 //!
 //! That gives mutual exclusion per key, but not submission order: tokio's mutex is fair (FIFO)
 //! in the order tasks *first poll* `lock()`, and the runtime polls spawned tasks in roughly,
@@ -18,7 +18,7 @@ use std::time::Duration;
 use crossbeam_utils::CachePadded;
 use tokio::runtime::Runtime;
 
-use crate::exec::{bucket, Completion, KeyMap, KeyedExecutor, TaskFuture};
+use crate::exec::{bucket, tokio_runtime, Completion, KeyMap, KeyedExecutor, TaskFuture};
 
 const SHARDS: usize = 64;
 
@@ -32,13 +32,9 @@ pub struct TokioMutex {
 }
 
 impl TokioMutex {
-    /// A runtime with `workers` worker threads.
+    /// A runtime with `workers` worker threads ([`tokio_runtime`]).
     pub fn new(workers: usize) -> Self {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers)
-            .thread_name("tokio-mutex")
-            .build()
-            .expect("tokio runtime");
+        let rt = tokio_runtime(workers, "tokio-mutex");
         TokioMutex {
             shards: (0..SHARDS)
                 .map(|_| CachePadded::new(Mutex::new(KeyMap::default())))

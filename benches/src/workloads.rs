@@ -1,4 +1,4 @@
-//! The workloads W1–W7, generic over the executor.
+//! The workloads W1–W8, generic over the executor.
 //!
 //! Every task of every workload goes through the [`Checker`]: per key and submitting thread it must
 //! start in submission order, never while another task of its key runs, and the tasks run must add
@@ -13,6 +13,7 @@
 //! | `w4_head_of_line` | 1 slow key (100 tasks sleeping 5 ms each) interleaved with 1,000 fast keys × 20 empty tasks, all submitted at once. p50/p99/max submit-to-start latency of the fast tasks. |
 //! | `w5_skew` | 4 producer threads × 50,000 tasks at once; each producer owns 25,000 of the 100,000 keys and draws its keys from Zipf(1.0) over them; each task does 100 relaxed `fetch_add`s. Tasks/s and submit-to-start latency. |
 //! | `w6_scale_*` | W2's shape (empty tasks, round-robin, one submitter) over 1 k, 100 k and 1 M distinct keys, 1 M tasks each (at least 2 per key): how the cost per task grows with the number of keys in play. |
+//! | `w8_sleep` | 10,000 keys × 5 futures each, round-robin, one submitter; each future sleeps 1 ms on tokio's timer (`tokio::time::sleep`). p50 and p99 of each future's submission-to-completion latency, and the wall time. Run on keyserial (`execute_async` with a tokio handle), a tokio actor per key and a keyed chain on tokio, all on the same runtime configuration. |
 //! | `w7_async_*` | 100 k and 1 M keys × 10 futures each, round-robin, one submitter; each future yields once (its first poll hands its waker to a reactor thread, which wakes it; its second poll completes). Tasks/s and the peak RSS growth during the run. Run only on executors that hold no thread while a future is pending (keyserial's `submit_async`, a tokio actor per key, a tokio `Mutex` per key). |
 //!
 //! Those are the sizes of BENCHMARKS.md's results ([`Size::Full`], the compare program's
@@ -100,6 +101,18 @@ const P99: Metric = Metric {
     unit: Unit::Nanos,
     higher_is_better: false,
 };
+const DONE_P50: Metric = Metric {
+    key: "done_p50_ns",
+    header: "p50 latency",
+    unit: Unit::Nanos,
+    higher_is_better: false,
+};
+const DONE_P99: Metric = Metric {
+    key: "done_p99_ns",
+    header: "p99 latency",
+    unit: Unit::Nanos,
+    higher_is_better: false,
+};
 const MAX: Metric = Metric {
     key: "latency_max_ns",
     header: "max latency",
@@ -181,6 +194,16 @@ pub enum Workload {
         keys: u64,
         /// Futures per key.
         futures_per_key: u32,
+    },
+    /// W8: `keys` × `futures_per_key` futures that each sleep `sleep` on tokio's timer,
+    /// round-robin, one submitter; submission-to-completion latencies.
+    Sleep {
+        /// Number of keys.
+        keys: u64,
+        /// Futures per key.
+        futures_per_key: u32,
+        /// How long each future sleeps.
+        sleep: Duration,
     },
 }
 
@@ -335,7 +358,24 @@ impl Workload {
             .collect()
     }
 
-    /// Every workload at `size`, in order W1 … W7.
+    /// W8 (`Full`: 10,000 keys × 5 futures, each a 1 ms tokio sleep; the default run 5,000
+    /// keys, `--quick` 2,000).
+    pub fn w8(size: Size) -> Self {
+        let (keys, futures_per_key) = match size {
+            Size::Full => (10_000, 5),
+            Size::Default => (5_000, 5),
+            Size::Quick => (2_000, 5),
+            Size::Bench => (1_000, 5),
+            Size::Tiny => (50, 3),
+        };
+        Workload::Sleep {
+            keys,
+            futures_per_key,
+            sleep: Duration::from_millis(1),
+        }
+    }
+
+    /// Every workload at `size`, in order W1 … W8.
     pub fn all(size: Size) -> Vec<Self> {
         let mut v = vec![
             Self::w1(size),
@@ -346,10 +386,11 @@ impl Workload {
         ];
         v.extend(Self::w6(size));
         v.extend(Self::w7(size));
+        v.push(Self::w8(size));
         v
     }
 
-    /// The workload group this belongs to (`W1` … `W6`).
+    /// The workload group this belongs to (`W1` … `W8`).
     pub fn group(&self) -> &'static str {
         match self {
             Workload::Gatling { .. } => "W1",
@@ -359,6 +400,7 @@ impl Workload {
             Workload::Skew { .. } => "W5",
             Workload::Overhead { scale: true, .. } => "W6",
             Workload::Async { .. } => "W7",
+            Workload::Sleep { .. } => "W8",
         }
     }
 
@@ -432,6 +474,7 @@ impl Workload {
             Workload::Async { keys, .. } => {
                 format!("w7_async_{}", fmt_count(*keys).to_lowercase())
             }
+            Workload::Sleep { .. } => "w8_sleep".into(),
         }
     }
 
@@ -498,7 +541,23 @@ impl Workload {
                 fmt_count(*keys),
                 futures_per_key
             ),
+            Workload::Sleep {
+                keys,
+                futures_per_key,
+                sleep,
+            } => format!(
+                "W8 sleep: {} keys x {} futures, each a {} ms tokio sleep, round-robin, \
+                 1 submitter; submission-to-completion latency",
+                fmt_count(*keys),
+                futures_per_key,
+                sleep.as_millis()
+            ),
         }
+    }
+
+    /// Whether its tasks are futures (W7, W8), which run on the async contenders only.
+    pub fn is_async(&self) -> bool {
+        matches!(self, Workload::Async { .. } | Workload::Sleep { .. })
     }
 
     /// Number of distinct keys.
@@ -508,7 +567,7 @@ impl Workload {
             Workload::ManyKeys { keys } => *keys as usize,
             Workload::HeadOfLine { fast_keys, .. } => *fast_keys as usize + 1,
             Workload::Skew { keys, .. } => *keys,
-            Workload::Async { keys, .. } => *keys as usize,
+            Workload::Async { keys, .. } | Workload::Sleep { keys, .. } => *keys as usize,
         }
     }
 
@@ -540,6 +599,11 @@ impl Workload {
             Workload::Async {
                 keys,
                 futures_per_key,
+            }
+            | Workload::Sleep {
+                keys,
+                futures_per_key,
+                ..
             } => keys * u64::from(*futures_per_key),
         }
     }
@@ -553,6 +617,7 @@ impl Workload {
             Workload::HeadOfLine { .. } => vec![P99, P50, MAX, WALL],
             Workload::Skew { .. } => vec![RATE, P99, P50],
             Workload::Async { .. } => vec![RATE, RSS, WALL],
+            Workload::Sleep { .. } => vec![DONE_P50, DONE_P99, WALL],
         }
     }
 
@@ -664,6 +729,11 @@ impl Workload {
                 keys,
                 futures_per_key,
             } => async_round_robin(exec, mode, keys, futures_per_key, timeout),
+            Workload::Sleep {
+                keys,
+                futures_per_key,
+                sleep,
+            } => async_sleep(exec, mode, keys, futures_per_key, sleep, timeout),
         }
     }
 }
@@ -695,10 +765,10 @@ impl Mode {
     pub fn describe(self) -> &'static str {
         match self {
             Mode::Closure => {
-                "each task a closure (W7: a future) passed to submit as is (the baselines box it)"
+                "each task a closure (W7, W8: a future) passed to submit as is (the baselines box it)"
             }
             Mode::Boxed => {
-                "every task a Box<dyn FnOnce() + Send> (W7: a Pin<Box<dyn Future>>) built before \
+                "every task a Box<dyn FnOnce() + Send> (W7, W8: a Pin<Box<dyn Future>>) built before \
                  the timing, the same for all"
             }
         }
@@ -835,7 +905,8 @@ where
 }
 
 /// State of a run that measures submit-to-start latencies: the submitter stamps a task's slot in
-/// `sub` right before its submit, the task stamps `start` when it starts. The two arrays are
+/// `sub` right before its submit, the task stamps `start` when it starts (W8's futures: when they
+/// complete). The two arrays are
 /// written by different threads (submitters, workers) and read only after the run, so the
 /// measurement shares no cache line between a submitter and a worker.
 struct Timed {
@@ -868,7 +939,7 @@ impl Timed {
         self.sub[i].store(self.now(), Ordering::Relaxed);
     }
 
-    /// Task `i` starts.
+    /// Task `i` starts (W8: completes).
     #[inline]
     fn record(&self, i: usize) {
         self.start[i].store(self.now(), Ordering::Relaxed);
@@ -1193,6 +1264,76 @@ fn async_round_robin<E: KeyedExecutor>(
     out
 }
 
+/// W8's future `idx` (task `seq` of `key`): enters the checker, sleeps `sleep` on tokio's timer
+/// (the executor polls it inside a tokio runtime), stamps its completion and leaves the checker.
+async fn sleeper(r: StaticRef<Timed>, key: u64, seq: u32, idx: usize, sleep: Duration) {
+    r.chk.enter(key, 0, seq);
+    tokio::time::sleep(sleep).await;
+    r.record(idx);
+    r.chk.exit(key);
+}
+
+/// W8: `keys` × `per_key` [`sleeper`] futures, round-robin over keys, one submitter, which
+/// stamps each future's submission right before its submit. p50 and p99 of the
+/// submission-to-completion latencies, and the wall time to the last completion.
+fn async_sleep<E: KeyedExecutor>(
+    exec: &E,
+    mode: Mode,
+    keys: u64,
+    per_key: u32,
+    sleep: Duration,
+    timeout: Duration,
+) -> Outcome {
+    let tasks = keys * u64::from(per_key);
+    let state = Box::new(Timed::new(keys as usize, tasks as usize));
+    // SAFETY: `state` lives until every future finished (or is leaked by `release`).
+    let r = unsafe { StaticRef::new(&*state) };
+    let plan = move || {
+        (0..per_key).flat_map(move |seq| {
+            (0..keys).map(move |key| {
+                let idx = (u64::from(seq) * keys + key) as usize;
+                (key, idx, sleeper(r, key, seq, idx, sleep))
+            })
+        })
+    };
+    let mut boxed: Vec<(u64, usize, TaskFuture)> = match mode {
+        Mode::Closure => Vec::new(),
+        Mode::Boxed => plan()
+            .map(|(key, idx, f)| (key, idx, Box::pin(f) as TaskFuture))
+            .collect(),
+    };
+    let t0 = Instant::now();
+    match mode {
+        Mode::Closure => {
+            for (key, idx, f) in plan() {
+                r.mark(idx);
+                exec.submit_future(key, f);
+            }
+        }
+        Mode::Boxed => {
+            for (key, idx, f) in boxed.drain(..) {
+                r.mark(idx);
+                exec.submit_future_boxed(key, f);
+            }
+        }
+    }
+    let finished = exec.wait_idle(timeout);
+    let elapsed = t0.elapsed();
+    drop(boxed);
+    let st = &*state;
+    let (p50, p99, _) = st.percentiles();
+    let out = Outcome {
+        elapsed,
+        expected: tasks,
+        ran: st.chk.ran(),
+        violations: st.chk.violations(),
+        finished,
+        values: vec![p50, p99, elapsed.as_nanos() as f64],
+    };
+    release(state, finished);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1220,7 +1361,8 @@ mod tests {
                 "w6_scale_100k",
                 "w6_scale_1m",
                 "w7_async_100k",
-                "w7_async_1m"
+                "w7_async_1m",
+                "w8_sleep"
             ]
         );
         assert_eq!(Workload::w1(Size::Full).tasks(), 80_000);
@@ -1238,5 +1380,7 @@ mod tests {
             .map(Workload::tasks)
             .collect();
         assert_eq!(w7, [1_000_000, 10_000_000]);
+        assert_eq!(Workload::w8(Size::Full).tasks(), 50_000);
+        assert_eq!(Workload::w8(Size::Full).keys(), 10_000);
     }
 }

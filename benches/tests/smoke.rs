@@ -27,7 +27,7 @@ fn every_workload_on_every_contender() {
             if c.skip_reason(&w).is_some() {
                 continue;
             }
-            let out = c.visit(2, Run(&w, mode));
+            let out = c.visit(2, &w, Run(&w, mode));
             let what = format!("{} on {} ({})", w.id(), c.id(), mode.id());
             assert!(out.finished, "{what}: did not finish");
             assert_eq!(out.ran, out.expected, "{what}: tasks lost or duplicated");

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use keyserial_benches::contenders::{default_workers, Contender, Visit};
-use keyserial_benches::exec::KeyedExecutor;
+use keyserial_benches::exec::{describe_tokio_runtime, KeyedExecutor};
 use keyserial_benches::workloads::{Metric, Mode, Outcome, Size, Unit, Workload};
 
 const ABOUT: &str = "keyserial against the executors you would otherwise write, on this machine.";
@@ -28,23 +28,30 @@ WORKLOADS (sizes of --full, the sizes of BENCHMARKS.md's results; the default ru
                    per key; tasks/s
   W7 async         100 k and 1 M keys [20 k only] x 10 futures that yield once (the first poll
                    hands the waker to a reactor thread, which wakes it), round-robin, one
-                   submitter; tasks/s and peak RSS growth. Run on keyserial (submit_async),
-                   tokio_actor and tokio_mutex only: the thread-based designs would hold a
-                   thread per pending future
+                   submitter; tasks/s and peak RSS growth. Run on keyserial (execute_async),
+                   keyserial_bounded, tokio_actor, tokio_mutex and tokio_chain only: the
+                   thread-based designs would hold a thread per pending future
+  W8 sleep         10,000 keys [5,000] x 5 futures, each a 1 ms tokio::time::sleep,
+                   round-robin, one submitter; p50/p99 submission-to-completion latency and
+                   wall time. Run on keyserial (execute_async, tokio_handle), tokio_actor and
+                   tokio_chain, each on the same tokio runtime configuration (multi-thread,
+                   one worker thread per --workers, time driver on; printed in the header)
 
 MODES:
-  closure  each task is a closure (W7: a future) passed to the executor's submit: keyserial takes
-           it as it is, the hand-rolled baselines box it inside submit (timed)
-  boxed    every task is a Box<dyn FnOnce() + Send> (W7: a Pin<Box<dyn Future>>) built before the
-           timing starts and passed to every contender, keyserial included, the same way
+  closure  each task is a closure (W7, W8: a future) passed to the executor's submit: keyserial
+           takes it as it is, the hand-rolled baselines box it inside submit (timed)
+  boxed    every task is a Box<dyn FnOnce() + Send> (W7, W8: a Pin<Box<dyn Future>>) built before
+           the timing starts and passed to every contender, keyserial included, the same way
 
 READING THE TABLES:
-  Each workload gets one table per mode. The ratio column is row / keyserial on the table's first
-  metric. The last line names the best row and gives keyserial / the contender its target is set
-  against: the best ORDERED contender (thread_per_key, lanes_1x, lanes_4x, striped, tokio_actor)
-  for W1-W6, tokio_actor for W7; then whether that ratio meets the target, or, where none is set,
-  whether keyserial is ahead. Ratios are judged as printed (2 decimals). The run ends with every
-  verdict side by side (\"Targets\"), in the same words.
+  Each workload gets one table per mode: every row's median (and min - max) on the table's first
+  metric, its ratio to keyserial's (row / keyserial), and the other metrics' medians. The last
+  line is the verdict: keyserial against the best alternative, the best contender in the table
+  that keeps per-key order (thread_per_key, lanes_1x, lanes_4x, striped, tokio_actor,
+  tokio_chain), in a user's words: \"keyserial 1.30x faster than the best alternative,
+  tokio_actor\" or \"tokio_chain 1.20x faster than keyserial here\" (\"faster\": a higher rate or
+  a lower time or latency), with both medians, then the other latencies and memory the same way.
+  The run ends with every verdict, one line per table (\"Verdicts\").
 
 Every keyed run is checked: per key, tasks must start in submission order and never overlap, and
 every submitted task must run. The program exits with status 1 if any ordered executor violated
@@ -82,8 +89,9 @@ struct Cli {
     quick: bool,
 
     /// The sizes of BENCHMARKS.md's results (W1 16 x 5,000 tasks, W3 1 M keys, W4's slow key
-    /// 100 x 5 ms, W6 1 M tasks per point, W7 also at 1 M keys) and up to 7 runs a row (W1: 5)
-    /// within 4 s per 3 runs; about 9 minutes on 2 cores. Without --quick or --full: every
+    /// 100 x 5 ms, W6 1 M tasks per point, W7 also at 1 M keys, W8 10,000 keys) and up to 7
+    /// runs a row (W1: 5)
+    /// within 4 s per 3 runs; about 10 minutes on 2 cores. Without --quick or --full: every
     /// workload smaller, 3 runs a row (W4: 5) within 1.2 s per 3 runs, about a minute
     #[arg(long)]
     full: bool,
@@ -92,7 +100,7 @@ struct Cli {
     #[arg(long, value_enum, default_value_t = ModeArg::Both)]
     mode: ModeArg,
 
-    /// Comma-separated groups or ids to run, e.g. W1,W4 or w6_scale_1m [default: all of W1..W7]
+    /// Comma-separated groups or ids to run, e.g. W1,W4 or w6_scale_1m [default: all of W1..W8]
     #[arg(
         long = "workload",
         visible_alias = "workloads",
@@ -157,7 +165,7 @@ fn parse_workload(id: &str) -> Result<String, String> {
     if known {
         Ok(id.to_string())
     } else {
-        Err("unknown workload (W1..W7, or an id such as w2_overhead or w7_async_1m)".into())
+        Err("unknown workload (W1..W8, or an id such as w2_overhead or w7_async_1m)".into())
     }
 }
 
@@ -337,118 +345,52 @@ struct Table {
     floor: Option<f64>,
 }
 
-/// Who keyserial is measured against in a table's verdict.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Against {
-    /// The best [ordered baseline](Contender::is_ordered_baseline) of the table, on the first
-    /// metric (W1-W6).
-    BestOrdered,
-    /// One contender, named by the target (W7: the tokio actor per key).
-    Row(Contender),
-}
-
-impl Against {
-    fn of(w: &Workload) -> Against {
-        if w.group() == "W7" {
-            Against::Row(Contender::TokioActor)
-        } else {
-            Against::BestOrdered
-        }
-    }
-
-    fn label(self) -> String {
-        match self {
-            Against::BestOrdered => "best ordered".into(),
-            Against::Row(c) => c.id().into(),
-        }
-    }
-}
-
-/// A target: keyserial / the table's reference on one metric, bounded.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Target {
-    /// Index into the workload's metrics.
-    metric: usize,
-    bound: f64,
-    /// The ratio must be at least `bound` (throughput) or at most (times, memory).
-    at_least: bool,
-    /// Where the target was set, if not at this table's size (e.g. W7's memory at 1 M keys).
-    set_at: Option<&'static str>,
-}
-
-impl Target {
-    /// `>= 1.50x`.
-    fn bound_text(&self) -> String {
-        format!(
-            "{} {:.2}x",
-            if self.at_least { ">=" } else { "<=" },
-            self.bound
-        )
-    }
-
-    /// Whether `ratio` meets the target, read to the two decimals it is printed with (so that
-    /// a printed 1.00x against `>= 1.00x` is met, wherever it is printed).
-    fn met(&self, ratio: f64) -> bool {
-        let r = round2(ratio);
-        if self.at_least {
-            r >= self.bound
-        } else {
-            r <= self.bound
-        }
-    }
-}
-
 /// `v` rounded to two decimals, as `{:.2}` prints it.
 fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
 
-/// The targets of workload `w`, on keyserial / [`Against::of`]`(w)`.
-fn targets(w: &Workload) -> Vec<Target> {
-    let t = |metric, bound, at_least| Target {
-        metric,
-        bound,
-        at_least,
-        set_at: None,
-    };
-    match w.group() {
-        "W1" => vec![t(0, 1.03, false)],
-        "W2" => vec![t(0, 1.0, true)],
-        "W3" => vec![t(0, 0.6, true)],
-        "W4" => vec![t(0, 1.0, false)],
-        "W5" => vec![t(0, 1.0, true)],
-        "W7" => vec![
-            t(0, 1.5, true),
-            Target {
-                set_at: (w.keys() != 1_000_000).then_some("1M keys"),
-                ..t(1, 0.1, false)
-            },
-        ],
-        _ => vec![],
+/// The word for "better" on metric `m`: a rate, a time or a latency is "faster", memory "less
+/// memory".
+fn better_word(m: &Metric) -> &'static str {
+    match m.unit {
+        Unit::Bytes => "less memory",
+        Unit::PerSec | Unit::Nanos => "faster",
     }
 }
 
-/// Who won a table, and keyserial against its reference.
+/// Who is ahead on metric `m` between keyserial (`k`) and contender `c` (`b`), and by how
+/// much, as a user reads it: "keyserial 1.30x faster", "tokio_chain 1.20x faster", or
+/// "level" when the two medians are within what two decimals show.
+fn who_is_ahead(m: &Metric, k: f64, c: Contender, b: f64) -> Option<(Option<Contender>, f64)> {
+    if !(k > 0.0 && b > 0.0) {
+        return None;
+    }
+    // How many times better keyserial is: above 1 keyserial is ahead.
+    let adv = if m.higher_is_better { k / b } else { b / k };
+    Some(if round2(adv) == 1.0 {
+        (None, 1.0)
+    } else if adv > 1.0 {
+        (Some(Contender::Keyserial), adv)
+    } else {
+        (Some(c), 1.0 / adv)
+    })
+}
+
+/// Who won a table, and keyserial against the best alternative.
 struct Verdict {
     metrics: Vec<Metric>,
-    /// Who keyserial is measured against.
-    against: Against,
     /// The best row on the first metric, of every row but the references (`inline`,
     /// `unordered`).
     winner: Option<(Contender, f64)>,
-    /// The reference row and its median on the first metric.
-    reference: Option<(Contender, f64)>,
+    /// The best alternative: the best [ordered baseline](Contender::is_ordered_baseline) of the
+    /// table on the first metric (a design a user would write instead, keeping per-key order),
+    /// with its median.
+    best_alt: Option<(Contender, f64)>,
     /// keyserial's (default row) median on the first metric.
     keyserial: Option<f64>,
-    /// keyserial / the reference, per metric (medians; the reference chosen on the first
-    /// metric).
-    ratios: Vec<Option<f64>>,
-    /// Both medians behind each ratio: (keyserial, reference).
+    /// Both medians on each metric: (keyserial, the best alternative).
     pairs: Vec<Option<(f64, f64)>>,
-    /// keyserial / each other ordered row on the first metric, where the reference is one
-    /// named row (W7: the tokio mutex per key beside the tokio actor per key).
-    others: Vec<(Contender, f64)>,
-    targets: Vec<Target>,
 }
 
 impl Verdict {
@@ -456,10 +398,13 @@ impl Verdict {
         let metrics = t.w.metrics();
         let higher = metrics[0].higher_is_better;
         let better = |a: f64, b: f64| if higher { a > b } else { a < b };
-        let median_of = |c: Contender| {
+        let row_of = |c: Contender| {
             t.rows
                 .iter()
                 .find(|r| r.contender == c && r.skipped.is_none())
+        };
+        let median_of = |c: Contender| {
+            row_of(c)
                 .and_then(|r| r.median(0))
                 .filter(|m| m.is_finite())
         };
@@ -473,188 +418,108 @@ impl Verdict {
                     _ => Some((c, m)),
                 })
         };
-        let against = Against::of(&t.w);
         let winner = best(&|c| !c.is_reference());
-        let reference = match against {
-            Against::BestOrdered => best(&|c| c.is_ordered_baseline()),
-            Against::Row(c) => median_of(c).map(|m| (c, m)),
-        };
-        let row_of = |c: Contender| {
-            t.rows
-                .iter()
-                .find(|r| r.contender == c && r.skipped.is_none())
-        };
+        let best_alt = best(&|c| c.is_ordered_baseline());
         let ks_row = row_of(Contender::Keyserial);
-        let ref_row = reference.and_then(|(c, _)| row_of(c));
-        let pairs: Vec<Option<(f64, f64)>> = (0..metrics.len())
-            .map(|i| match (ks_row, ref_row) {
+        let alt_row = best_alt.and_then(|(c, _)| row_of(c));
+        let pairs = (0..metrics.len())
+            .map(|i| match (ks_row, alt_row) {
                 (Some(k), Some(b)) => Some((k.median(i)?, b.median(i)?)),
                 _ => None,
             })
             .collect();
-        let ratios = pairs
-            .iter()
-            .map(|p| p.and_then(|(k, b)| (b > 0.0).then_some(k / b)))
-            .collect();
-        let keyserial = median_of(Contender::Keyserial);
-        let others = match (against, keyserial) {
-            (Against::Row(named), Some(k)) => t
-                .rows
-                .iter()
-                .filter(|r| {
-                    r.contender != named
-                        && r.contender.is_order_checked()
-                        && !r.contender.is_reference()
-                        && !matches!(
-                            r.contender,
-                            Contender::Keyserial | Contender::KeyserialBounded
-                        )
-                })
-                .filter_map(|r| median_of(r.contender).map(|m| (r.contender, k / m)))
-                .collect(),
-            _ => vec![],
-        };
         Verdict {
-            keyserial,
+            keyserial: median_of(Contender::Keyserial),
             metrics,
-            against,
             winner,
-            reference,
-            ratios,
+            best_alt,
             pairs,
-            others,
-            targets: targets(&t.w),
         }
     }
 
-    /// keyserial / the reference on the first metric.
+    /// keyserial / the best alternative on the first metric.
     fn ratio(&self) -> Option<f64> {
-        self.ratios[0]
+        let (k, b) = self.pairs[0]?;
+        (b > 0.0).then_some(k / b)
     }
 
-    /// keyserial / the reference on metric `i`, and whether it meets each target on it.
-    fn judged(&self, i: usize) -> Option<(f64, Vec<(Target, bool)>)> {
-        let r = self.ratios.get(i).copied().flatten()?;
-        let t = self
-            .targets
-            .iter()
-            .filter(|t| t.metric == i)
-            .map(|t| (*t, t.met(r)))
-            .collect();
-        Some((r, t))
+    /// Who is ahead on metric `i` (`None` in the first field: level), and by how much.
+    fn ahead_on(&self, i: usize) -> Option<(Option<Contender>, f64)> {
+        let (k, b) = self.pairs.get(i).copied().flatten()?;
+        who_is_ahead(&self.metrics[i], k, self.best_alt?.0, b)
     }
 
-    /// Whether keyserial is ahead of its reference on the first metric (`Some(true)`), level
-    /// (`None`: 1.00x as printed) or behind (`Some(false)`).
+    /// Whether keyserial is ahead of the best alternative on the first metric (`Some(true)`),
+    /// level (`None`: 1.00x as printed) or behind (`Some(false)`).
     fn ahead(&self) -> Option<bool> {
-        let r = round2(self.ratio()?);
-        if r == 1.0 {
-            return None;
-        }
-        Some((r > 1.0) == self.metrics[0].higher_is_better)
+        let (who, _) = self.ahead_on(0)?;
+        who.map(|c| c == Contender::Keyserial)
     }
 
-    /// What a ratio on metric `i` means: met / MISSED for each of its targets, else ahead /
-    /// level / behind (first metric only).
-    fn reading(&self, i: usize) -> String {
-        let Some((_, judged)) = self.judged(i) else {
-            return String::new();
-        };
-        if judged.is_empty() {
-            if i != 0 {
-                return String::new();
-            }
-            return match self.ahead() {
-                Some(true) => "keyserial ahead (no target)".into(),
-                Some(false) => "keyserial behind (no target)".into(),
-                None => "level (no target)".into(),
+    /// The verdict in one sentence, without the figures: "keyserial 1.30x faster than the best
+    /// alternative, tokio_actor", "tokio_chain 1.20x faster than keyserial here", "keyserial
+    /// level with lanes_1x".
+    fn sentence(&self) -> String {
+        let Some(alt) = self.best_alt.map(|(c, _)| c.id()) else {
+            return if self.keyserial.is_some() {
+                "no alternative run".into()
+            } else {
+                "keyserial not run".into()
             };
+        };
+        let m = &self.metrics[0];
+        match self.ahead_on(0) {
+            None if self.keyserial.is_none() => "keyserial not run".into(),
+            None => "no verdict (a median of zero)".into(),
+            Some((None, _)) => format!("keyserial level with the best alternative, {alt}"),
+            Some((Some(Contender::Keyserial), x)) => format!(
+                "keyserial {x:.2}x {} than the best alternative, {alt}",
+                better_word(m)
+            ),
+            Some((Some(_), x)) => format!("{alt} {x:.2}x {} than keyserial here", better_word(m)),
         }
-        judged
-            .iter()
-            .map(|(t, ok)| {
-                format!(
-                    "target {}{}: {}",
-                    t.bound_text(),
-                    t.set_at.map_or(String::new(), |s| format!(" (set at {s})")),
-                    if *ok { "met" } else { "MISSED" }
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
     }
 
-    /// The table's last line: what keyserial is compared with, on which metric, the ratio and
-    /// its reading, in the same words as the summary.
+    /// The figures behind metric `i`'s comparison: "p99 latency: keyserial 4.1 ms, tokio_chain
+    /// 2.0 ms".
+    fn figures(&self, i: usize) -> Option<String> {
+        let (k, b) = self.pairs.get(i).copied().flatten()?;
+        let (c, _) = self.best_alt?;
+        let m = &self.metrics[i];
+        Some(format!(
+            "{}: keyserial {}, {} {}",
+            m.header,
+            fmt_value(m.unit, k),
+            c.id(),
+            fmt_value(m.unit, b)
+        ))
+    }
+
+    /// The table's last line: the sentence with its figures, then the secondary latencies and
+    /// memory the same way, then the best row overall if it is neither side (a row that keeps
+    /// no promised order, or keyserial's bounded row).
     fn line(&self) -> String {
-        let p = self.metrics[0];
-        let mut s = String::from("  => ");
-        if let Some((c, v)) = self.winner {
-            let _ = write!(s, "best row: {} {}; ", c.id(), fmt_value(p.unit, v));
+        let mut s = format!("  => {}", self.sentence());
+        if let Some(f) = self.figures(0) {
+            let _ = write!(s, " ({f})");
         }
-        match (self.keyserial, self.reference, self.ratio()) {
-            (Some(k), Some((c, b)), Some(r)) => {
-                let named = match self.against {
-                    Against::BestOrdered => format!("best ordered contender ({})", c.id()),
-                    Against::Row(c) => c.id().to_string(),
-                };
-                let _ = write!(
-                    s,
-                    "keyserial / {named}: {} / {} = {:.2}x {} ({} is better); {}",
-                    fmt_value(p.unit, k),
-                    fmt_value(p.unit, b),
-                    r,
-                    p.header,
-                    if p.higher_is_better {
-                        "higher"
-                    } else {
-                        "lower"
-                    },
-                    self.reading(0)
-                );
-                for (i, m) in self.metrics.iter().enumerate().skip(1) {
-                    let Some((k, b)) = self.pairs[i] else {
-                        continue;
-                    };
-                    let judged = self.targets.iter().any(|t| t.metric == i);
-                    match m.key {
-                        // A memory figure without a target: both sides, no ratio (a ratio of
-                        // two small growths says little).
-                        "peak_rss_bytes" if !judged => {
-                            let _ = write!(
-                                s,
-                                "; {} {} vs {}",
-                                m.header,
-                                fmt_value(m.unit, k),
-                                fmt_value(m.unit, b)
-                            );
-                        }
-                        "peak_rss_bytes" | "latency_p50_ns" => {
-                            let reading = self.reading(i);
-                            let _ = write!(
-                                s,
-                                "; {} {} / {} = {:.2}x{}",
-                                m.header,
-                                fmt_value(m.unit, k),
-                                fmt_value(m.unit, b),
-                                if b > 0.0 { k / b } else { f64::NAN },
-                                if reading.is_empty() {
-                                    String::new()
-                                } else {
-                                    format!(", {reading}")
-                                }
-                            );
-                        }
-                        _ => {}
-                    }
-                }
-                for (c, r) in &self.others {
-                    let _ = write!(s, "; keyserial / {}: {r:.2}x {}", c.id(), p.header);
-                }
-            }
-            (None, _, _) => s.push_str("keyserial not run"),
-            _ => {
-                let _ = write!(s, "{} not run", self.against.label());
+        for (i, m) in self.metrics.iter().enumerate().skip(1) {
+            let shown = m.unit == Unit::Bytes || m.key.contains("p50") || m.key.contains("p99");
+            let (Some(f), Some((who, x))) = (self.figures(i).filter(|_| shown), self.ahead_on(i))
+            else {
+                continue;
+            };
+            let reading = match who {
+                None => "level".to_string(),
+                Some(c) => format!("{} {x:.2}x {}", c.id(), better_word(m)),
+            };
+            let _ = write!(s, "; {f}: {reading}");
+        }
+        if let Some((w, v)) = self.winner {
+            let sides = [Some(Contender::Keyserial), self.best_alt.map(|(c, _)| c)];
+            if !sides.contains(&Some(w)) {
+                let m = &self.metrics[0];
+                let _ = write!(s, "; best row overall: {} {}", w.id(), fmt_value(m.unit, v));
             }
         }
         s
@@ -864,14 +729,6 @@ fn json_metrics(metrics: &[Metric], value: impl Fn(usize) -> Option<f64>) -> Str
     format!("{{{}}}", fields.join(", "))
 }
 
-/// W6's target: keyserial's rate at the most keys / at the fewest keys.
-const W6_SCALING: Target = Target {
-    metric: 0,
-    bound: 0.5,
-    at_least: true,
-    set_at: None,
-};
-
 /// W6's scaling in `mode`: keyserial's rate at the most keys / at the fewest, with both key counts.
 fn w6_scaling(tables: &[Table], mode: Mode) -> Option<(f64, usize, usize)> {
     let points: Vec<(usize, f64)> = tables
@@ -884,133 +741,37 @@ fn w6_scaling(tables: &[Table], mode: Mode) -> Option<(f64, usize, usize)> {
     (hi.0 > lo.0 && lo.1 > 0.0).then(|| (hi.1 / lo.1, hi.0, lo.0))
 }
 
-/// The run's last table: every verdict of the run, one line per workload and metric judged,
-/// a column per mode, each cell read the same way as the table's last line.
+/// The run's last lines: every table's verdict, one line per workload and mode, in the words of
+/// the table's last line; then how keyserial's W6 rate holds up as the keys grow.
 fn render_summary(tables: &[Table], modes: &[Mode]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\nTargets: keyserial / the contender named, medians of this run's rows, each ratio read \
-         to the 2 decimals printed\n  (throughput: higher is better, the target a floor; time \
-         and memory: lower is better, the target a ceiling;\n  \"best ordered\" is the best of \
-         thread_per_key, lanes_1x, lanes_4x, striped and tokio_actor in that table)"
+        "\nVerdicts: keyserial against the best alternative that keeps per-key order (the best of \
+         thread_per_key, lanes_1x,\n  lanes_4x, striped, tokio_actor and tokio_chain in that \
+         table), medians of this run's rows"
     );
-    let mut lines = vec![{
-        let mut h = vec!["workload".to_string(), "metric".into(), "against".into()];
-        h.extend(modes.iter().map(|m| m.id().to_string()));
-        h.push("target".into());
-        h
-    }];
-    let mut ids: Vec<(String, Workload)> = Vec::new();
+    let width = tables.iter().map(|t| t.w.id().len()).max().unwrap_or(0);
     for t in tables {
-        if !ids.iter().any(|(id, _)| *id == t.w.id()) {
-            ids.push((t.w.id(), t.w.clone()));
+        let _ = writeln!(
+            out,
+            "  {:<width$}  {:<7}  {}",
+            t.w.id(),
+            t.mode.id(),
+            Verdict::of(t).sentence()
+        );
+    }
+    for &m in modes {
+        if let Some((r, hi, lo)) = w6_scaling(tables, m) {
+            let _ = writeln!(
+                out,
+                "  W6 [{}]: keyserial's rate at {} keys is {r:.2}x its rate at {} keys",
+                m.id(),
+                fmt_keys(hi),
+                fmt_keys(lo)
+            );
         }
     }
-    for (id, w) in &ids {
-        let metrics = w.metrics();
-        let tgts = targets(w);
-        // The first metric always; others where a target is set on them.
-        let mut judged: Vec<usize> = vec![0];
-        judged.extend(tgts.iter().map(|t| t.metric).filter(|&i| i != 0));
-        judged.dedup();
-        for i in judged {
-            let mut line = vec![
-                id.clone(),
-                metrics[i].header.to_string(),
-                Against::of(w).label(),
-            ];
-            for &m in modes {
-                let cell = tables
-                    .iter()
-                    .find(|t| t.mode == m && t.w.id() == *id)
-                    .and_then(|t| {
-                        let v = Verdict::of(t);
-                        let (r, judged) = v.judged(i)?;
-                        let who = match v.against {
-                            Against::BestOrdered => v
-                                .reference
-                                .map_or(String::new(), |(c, _)| format!(" {}", c.id())),
-                            Against::Row(_) => String::new(),
-                        };
-                        let reading = if judged.is_empty() {
-                            match v.ahead() {
-                                Some(true) => "ahead",
-                                Some(false) => "behind",
-                                None => "level",
-                            }
-                        } else if judged.iter().all(|(_, ok)| *ok) {
-                            "met"
-                        } else {
-                            "MISSED"
-                        };
-                        Some(format!("{r:.2}x{who}: {reading}"))
-                    })
-                    .unwrap_or_else(|| "-".into());
-                line.push(cell);
-            }
-            let t: Vec<String> = tgts
-                .iter()
-                .filter(|t| t.metric == i)
-                .map(|t| {
-                    format!(
-                        "{}{}",
-                        t.bound_text(),
-                        t.set_at.map_or(String::new(), |s| format!(" (set at {s})"))
-                    )
-                })
-                .collect();
-            line.push(if t.is_empty() {
-                "none".into()
-            } else {
-                t.join(", ")
-            });
-            lines.push(line);
-        }
-    }
-    let scaling: Vec<Option<(f64, usize, usize)>> =
-        modes.iter().map(|&m| w6_scaling(tables, m)).collect();
-    if let Some((_, hi, lo)) = scaling.iter().flatten().next() {
-        let mut line = vec![
-            format!("W6 {} / {} keys", fmt_keys(*hi), fmt_keys(*lo)),
-            "tasks/s".into(),
-            format!("keyserial at {} keys", fmt_keys(*lo)),
-        ];
-        for s in &scaling {
-            line.push(s.map_or("-".into(), |(r, _, _)| {
-                format!(
-                    "{r:.2}x: {}",
-                    if W6_SCALING.met(r) { "met" } else { "MISSED" }
-                )
-            }));
-        }
-        line.push(format!("{} (set at 1M / 1k keys)", W6_SCALING.bound_text()));
-        lines.push(line);
-    }
-    let widths: Vec<usize> = (0..lines[0].len())
-        .map(|c| lines.iter().map(|l| l[c].len()).max().unwrap_or(0))
-        .collect();
-    for l in &lines {
-        let cells: Vec<String> = l
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        let _ = writeln!(out, "  {}", cells.join("  ").trim_end());
-    }
-    let missed = lines
-        .iter()
-        .skip(1)
-        .any(|l| l.iter().any(|c| c.ends_with("MISSED")));
-    let _ = writeln!(
-        out,
-        "  {}",
-        if missed {
-            "some targets MISSED (see the rows above)"
-        } else {
-            "every target met"
-        }
-    );
     out
 }
 
@@ -1031,38 +792,27 @@ fn json_verdict(t: &Table) -> String {
     let v = Verdict::of(t);
     let id = |c: Option<(Contender, f64)>| c.map_or("null".into(), |(c, _)| json_str(c.id()));
     let val = |c: Option<(Contender, f64)>| json_opt(c.map(|(_, v)| v));
-    let mut f = vec![
+    let ratios = |i: usize| v.pairs[i].and_then(|(k, b)| (b > 0.0).then_some(k / b));
+    let f = [
         format!("\"winner\": {}", id(v.winner)),
         format!("\"winner_value\": {}", val(v.winner)),
-        format!("\"against\": {}", json_str(&v.against.label())),
-        // The reference row (the best ordered contender, or the row the target names).
-        format!("\"best_ordered\": {}", id(v.reference)),
-        format!("\"best_ordered_value\": {}", val(v.reference)),
+        format!("\"against\": {}", json_str("best ordered")),
+        // The best alternative: the best contender that keeps per-key order.
+        format!("\"best_ordered\": {}", id(v.best_alt)),
+        format!("\"best_ordered_value\": {}", val(v.best_alt)),
         format!("\"keyserial_value\": {}", json_opt(v.keyserial)),
         format!("\"higher_is_better\": {}", v.metrics[0].higher_is_better),
         format!("\"keyserial_to_best_ordered\": {}", json_opt(v.ratio())),
         format!(
             "\"keyserial_to_best_ordered_by_metric\": {}",
-            json_metrics(&v.metrics, |i| v.ratios[i])
+            json_metrics(&v.metrics, ratios)
         ),
         format!(
             "\"keyserial_ahead\": {}",
             v.ahead().map_or("null".into(), |b| b.to_string())
         ),
+        format!("\"sentence\": {}", json_str(&v.sentence())),
     ];
-    let judged: Vec<String> = v
-        .targets
-        .iter()
-        .map(|t| {
-            format!(
-                "{{\"metric\": {}, \"target\": {}, \"met\": {}}}",
-                json_str(v.metrics[t.metric].key),
-                json_str(&t.bound_text()),
-                v.ratios[t.metric].map_or("null".into(), |r| t.met(r).to_string())
-            )
-        })
-        .collect();
-    f.push(format!("\"targets\": [{}]", judged.join(", ")));
     format!("{{{}}}", f.join(", "))
 }
 
@@ -1266,6 +1016,13 @@ fn main() -> ExitCode {
     {
         let _ = writeln!(head, "  {:<17} {}", c.id(), c.describe(args.workers));
     }
+    if workloads.iter().any(|w| matches!(w.group(), "W7" | "W8")) {
+        let _ = writeln!(
+            head,
+            "  W7, W8: every tokio row (and keyserial's tokio_handle) runs on a {}",
+            describe_tokio_runtime(args.workers)
+        );
+    }
     for m in &args.modes {
         let _ = writeln!(head, "  [{} tasks] {}", m.id(), m.describe());
     }
@@ -1341,6 +1098,7 @@ fn main() -> ExitCode {
                     let t0 = Instant::now();
                     let out = row.contender.visit(
                         args.workers,
+                        w,
                         RunOne {
                             w,
                             mode,
@@ -1461,7 +1219,7 @@ mod tests {
     }
 
     #[test]
-    fn the_verdict_leaves_inline_out_and_takes_the_best_ordered() {
+    fn the_verdict_leaves_inline_out_and_names_the_best_alternative() {
         // W2: tasks/s, higher is better.
         let t = Table {
             w: Workload::w2(Size::Tiny),
@@ -1478,34 +1236,25 @@ mod tests {
         let v = Verdict::of(&t);
         // The references (inline, unordered) are never the best row.
         assert_eq!(v.winner.map(|w| w.0), Some(Contender::Lanes4x));
-        assert_eq!(v.reference.map(|w| w.0), Some(Contender::Lanes4x));
+        assert_eq!(v.best_alt.map(|w| w.0), Some(Contender::Lanes4x));
         assert_eq!(v.ratio(), Some(5.0 / 8.0));
         assert_eq!(v.ahead(), Some(false));
+        assert_eq!(v.sentence(), "lanes_4x 1.60x faster than keyserial here");
         let line = v.line();
-        assert!(line.contains("best row: lanes_4x"), "{line}");
         assert!(
-            line.contains("keyserial / best ordered contender (lanes_4x)"),
+            line.contains("(tasks/s: keyserial 5 /s, lanes_4x 8 /s)"),
             "{line}"
         );
-        assert!(line.contains("0.62x") || line.contains("0.63x"), "{line}");
-        assert!(line.contains("target >= 1.00x: MISSED"), "{line}");
+        assert!(!line.contains("target"), "{line}");
         // W1: wall time, lower is better.
-        let t = Table {
-            w: Workload::w1(Size::Tiny),
-            mode: Mode::Closure,
-            rows: vec![
-                valued(Contender::Keyserial, 10.0),
-                valued(Contender::Inline, 1.0),
-                valued(Contender::TokioActor, 11.0),
-                valued(Contender::Lanes1x, 12.0),
-            ],
-            floor: None,
-        };
+        let t = w1_table(10.0, 11.0);
         let v = Verdict::of(&t);
-        assert_eq!(v.winner.map(|w| w.0), Some(Contender::Keyserial));
-        assert_eq!(v.reference.map(|w| w.0), Some(Contender::TokioActor));
+        assert_eq!(v.best_alt.map(|w| w.0), Some(Contender::TokioActor));
         assert_eq!(v.ahead(), Some(true));
-        assert!(v.line().contains("target <= 1.03x: met"), "{}", v.line());
+        assert_eq!(
+            v.sentence(),
+            "keyserial 1.10x faster than the best alternative, tokio_actor"
+        );
     }
 
     fn w1_table(keyserial: f64, tokio: f64) -> Table {
@@ -1521,33 +1270,30 @@ mod tests {
     }
 
     #[test]
-    fn a_tables_line_and_the_summary_read_a_ratio_alike() {
-        // W1 at 1.004x (printed 1.00x) and at 1.02x: within the <= 1.03x target, in both places.
-        for (k, ok) in [(100.4, true), (102.0, true), (103.4, true), (103.6, false)] {
+    fn a_tables_line_and_the_summary_say_the_same() {
+        for (k, says) in [
+            (
+                100.4,
+                "keyserial level with the best alternative, tokio_actor",
+            ),
+            (
+                97.0,
+                "keyserial 1.03x faster than the best alternative, tokio_actor",
+            ),
+            (103.6, "tokio_actor 1.04x faster than keyserial here"),
+        ] {
             let t = w1_table(k, 100.0);
             let line = Verdict::of(&t).line();
             let summary = render_summary(std::slice::from_ref(&t), &[Mode::Closure]);
-            let (l, s) = if ok {
-                ("target <= 1.03x: met", "tokio_actor: met")
-            } else {
-                ("target <= 1.03x: MISSED", "tokio_actor: MISSED")
-            };
-            assert!(line.contains(l), "{k}: {line}");
-            assert!(summary.contains(s), "{k}: {summary}");
-            assert!(!line.contains("behind") && !summary.contains("behind"));
+            assert!(line.contains(says), "{k}: {line}");
+            assert!(summary.contains(says), "{k}: {summary}");
+            assert!(!summary.contains("target") && !summary.contains("MISSED"));
         }
-        // A throughput printed as 1.00x meets >= 1.00x, whichever side of 1 it was.
-        let t = Target {
-            metric: 0,
-            bound: 1.0,
-            at_least: true,
-            set_at: None,
-        };
-        assert!(t.met(0.996) && t.met(1.0) && !t.met(0.994));
     }
 
     #[test]
-    fn w7_is_judged_against_the_tokio_actor_on_rate_and_memory() {
+    fn w7_names_the_best_ordered_tokio_design_and_compares_memory() {
+        const MIB: f64 = 1024.0 * 1024.0;
         let w = Workload::w7(Size::Tiny).remove(0);
         let r = |c, rate: f64, rss: f64| {
             let mut o = outcome(10, 0);
@@ -1558,23 +1304,60 @@ mod tests {
             w,
             mode: Mode::Closure,
             rows: vec![
-                r(Contender::Keyserial, 3.0, 5.0),
-                r(Contender::TokioActor, 2.0, 100.0),
-                r(Contender::TokioMutex, 4.0, 50.0),
+                r(Contender::Keyserial, 3.0, 5.0 * MIB),
+                r(Contender::TokioActor, 2.0, 100.0 * MIB),
+                r(Contender::TokioChain, 2.5, 10.0 * MIB),
+                r(Contender::TokioMutex, 4.0, 50.0 * MIB),
             ],
             floor: None,
         };
         let v = Verdict::of(&t);
-        assert_eq!(v.reference.map(|w| w.0), Some(Contender::TokioActor));
-        assert_eq!(v.ratio(), Some(1.5));
+        // tokio_mutex keeps no promised order: the best row, not the best alternative.
+        assert_eq!(v.best_alt.map(|w| w.0), Some(Contender::TokioChain));
+        assert_eq!(v.winner.map(|w| w.0), Some(Contender::TokioMutex));
         let line = v.line();
-        assert!(line.contains("keyserial / tokio_actor: "), "{line}");
-        assert!(line.contains("target >= 1.50x: met"), "{line}");
-        assert!(line.contains("= 0.05x, target <= 0.10x"), "{line}");
-        assert!(line.contains("keyserial / tokio_mutex: 0.75x"), "{line}");
-        let s = render_summary(std::slice::from_ref(&t), &[Mode::Closure]);
-        assert!(s.contains("1.50x: met") && s.contains("0.05x: met"), "{s}");
-        assert!(s.contains("every target met"), "{s}");
+        assert!(
+            line.contains("keyserial 1.20x faster than the best alternative, tokio_chain"),
+            "{line}"
+        );
+        assert!(
+            line.contains(
+                "peak RSS +: keyserial 5.0 MiB, tokio_chain 10.0 MiB: keyserial 2.00x less memory"
+            ),
+            "{line}"
+        );
+        assert!(line.contains("best row overall: tokio_mutex"), "{line}");
+    }
+
+    #[test]
+    fn w8_is_read_on_both_latencies() {
+        let w = Workload::w8(Size::Tiny);
+        let r = |c, p50: f64, p99: f64| {
+            let mut o = outcome(10, 0);
+            o.values = vec![p50, p99, 1e9];
+            row(c, vec![o])
+        };
+        let t = Table {
+            w,
+            mode: Mode::Closure,
+            rows: vec![
+                r(Contender::Keyserial, 4e6, 9e6),
+                r(Contender::TokioActor, 3e6, 6e6),
+                r(Contender::TokioChain, 2e6, 3e6),
+            ],
+            floor: None,
+        };
+        let line = Verdict::of(&t).line();
+        assert!(
+            line.contains("tokio_chain 2.00x faster than keyserial here (p50 latency: keyserial 4.0 ms, tokio_chain 2.0 ms)"),
+            "{line}"
+        );
+        assert!(
+            line.contains(
+                "p99 latency: keyserial 9.0 ms, tokio_chain 3.0 ms: tokio_chain 3.00x faster"
+            ),
+            "{line}"
+        );
     }
 
     #[test]
@@ -1600,7 +1383,10 @@ mod tests {
         assert!(t.contains("keyserial") && t.contains("1.00x"), "{t}");
         assert!(t.contains("skipped (5 threads)"), "{t}");
         assert!(t.contains("[boxed tasks]"), "{t}");
-        assert!(t.contains("=> best row: "), "{t}");
+        assert!(
+            t.contains("=> keyserial level with the best alternative, striped"),
+            "{t}"
+        );
         let args = Args {
             size: Size::Tiny,
             modes: vec![Mode::Boxed],
@@ -1623,7 +1409,8 @@ mod tests {
         assert_eq!(json_str("a\"b\\\n"), "\"a\\\"b\\\\\\n\"");
         let s = render_summary(&tables, &args.modes);
         assert!(
-            s.contains("w2_overhead") && s.contains("1.00x striped: met"),
+            s.contains("w2_overhead")
+                && s.contains("keyserial level with the best alternative, striped"),
             "{s}"
         );
     }
@@ -1643,6 +1430,7 @@ mod tests {
                 "striped",
                 "tokio_actor",
                 "tokio_mutex",
+                "tokio_chain",
                 "unordered",
             ]
         );
