@@ -1,16 +1,16 @@
-//! (Cargo feature `redis`.) Beyond one machine: a partitioned Redis stream consumed in per-key
-//! order across processes, with a completion watermark.
+//! Beyond one machine: a partitioned Redis stream consumed in per-key order across processes,
+//! with a completion watermark, built on [`keyserial`]'s public API.
 //!
 //! A [`Producer`] appends an entry with fields `key` and `data` to the partition stream
 //! `{stream}:{p}`, `p = `[`partition_of`]`(key, P)` (Kafka's default partitioner, so a Kafka
 //! producer and this one agree). A [`Consumer`] owns some of the partitions (consumer `i` of `n`
 //! owns those with `p % n == i`), reads them in batches with `XREADGROUP`, runs each entry as a
-//! task of its key on a [`Serializer`](crate::Serializer) (in order per key, in parallel across
+//! task of its key on a [`Serializer`](keyserial::Serializer) (in order per key, in parallel across
 //! keys), and `XACK`s it once its task completed. The [`Watermark`] (engine-agnostic, bounded)
 //! records per partition how far everything is done.
 //!
 //! ```no_run
-//! use keyserial::stream::{Consumer, Producer};
+//! use keyserial_redis::{Consumer, Producer};
 //!
 //! let mut producer = Producer::connect("redis://127.0.0.1:6379", "orders", 8)?;
 //! producer.send(b"user-42", b"paid")?;
@@ -22,7 +22,7 @@
 //!     .handler(|e| println!("{} {} {}", e.partition, e.id, String::from_utf8_lossy(&e.key)))
 //!     .build()?;
 //! consumer.run()?;
-//! # Ok::<(), keyserial::stream::StreamError>(())
+//! # Ok::<(), keyserial_redis::StreamError>(())
 //! ```
 //!
 //! # Groups and ownership
@@ -103,10 +103,12 @@
 //! The consumer talks to Redis from one loop per consumer: a few round trips per batch of
 //! entries (read, acknowledge, now and then a refresh or claim scan), never one per entry. The
 //! concurrency is the handlers', and keyserial provides it (blocking handlers on its workers,
-//! async handlers as [`submit_async`](crate::Serializer::submit_async) futures). So the
+//! async handlers as [`submit_async`](keyserial::Serializer::submit_async) futures). So the
 //! `redis` crate's blocking connection costs one thread and no runtime, keeps the loop plain
 //! sequential code whose order of effects is easy to check, and users of blocking handlers
 //! need no tokio.
+
+#![deny(missing_docs)]
 
 mod conn;
 mod consumer;
@@ -128,7 +130,7 @@ pub use watermark::{TrackError, Watermark};
 /// The Redis key of partition `p` of `stream`: `{stream}:{p}`.
 ///
 /// ```
-/// assert_eq!(keyserial::stream::stream_name("orders", 3), "orders:3");
+/// assert_eq!(keyserial_redis::stream_name("orders", 3), "orders:3");
 /// ```
 pub fn stream_name(stream: &str, p: u32) -> String {
     format!("{stream}:{p}")

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use redis::{Client, Cmd, Connection, Pipeline, Value};
 
-use super::error::StreamError;
-use super::id::StreamId;
+use crate::error::StreamError;
+use crate::id::StreamId;
 
 /// How a lost connection is retried: `attempts` reconnects, waiting `first`, then twice as long
 /// each time, at most `max`.

@@ -1,11 +1,11 @@
 //! An entry as the handler sees it, and what the consumer reports besides.
 
-use super::id::StreamId;
+use crate::id::StreamId;
 
 /// One stream entry, handed to the consumer's handler.
 ///
 /// ```
-/// use keyserial::stream::{Entry, StreamId};
+/// use keyserial_redis::{Entry, StreamId};
 /// let e = Entry {
 ///     partition: 3,
 ///     id: StreamId::new(1_700_000_000_000, 0),
@@ -34,7 +34,7 @@ impl Entry {
     /// The value of one of the other fields.
     ///
     /// ```
-    /// # use keyserial::stream::{Entry, StreamId};
+    /// # use keyserial_redis::{Entry, StreamId};
     /// let e = Entry { partition: 0, id: StreamId::ZERO, key: vec![], data: vec![], fields: vec![] };
     /// assert!(e.field(b"x").is_none());
     /// ```
@@ -47,10 +47,10 @@ impl Entry {
 }
 
 /// Something the consumer did besides running an entry's handler, reported to
-/// [`ConsumerBuilder::on_event`](super::ConsumerBuilder::on_event).
+/// [`ConsumerBuilder::on_event`](crate::ConsumerBuilder::on_event).
 ///
 /// ```
-/// use keyserial::stream::{Event, StreamId};
+/// use keyserial_redis::{Event, StreamId};
 /// let e = Event::MissingKey { partition: 1, id: StreamId::new(5, 0) };
 /// assert_eq!(e.to_string(), "entry 5-0 of partition 1 has no key field: acknowledged, not run");
 /// ```

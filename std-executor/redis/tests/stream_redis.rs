@@ -1,12 +1,11 @@
 //! The stream module against a real `redis-server` that each test starts on a free loopback
 //! port (a missing `redis-server` binary fails the test: `.ci/run` installs it). Run with
-//! `cargo test -p keyserial --features redis --test stream_redis`.
+//! `cargo test -p keyserial-redis --test stream_redis`.
 //!
 //! The consumer processes are the example CLI itself: `examples/stream_consumer.rs` is compiled
 //! into this test binary (`mod cli`) and run in child processes of it (`cli_child`, started with
 //! an argument list in `KEYSERIAL_STREAM_CLI`), so a kill is a real SIGKILL of a process that runs
 //! exactly the example's code, without a second build of the crate.
-#![cfg(feature = "redis")]
 
 #[path = "../examples/stream_consumer.rs"]
 #[allow(dead_code)]
@@ -21,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use keyserial::stream::{partition_of, Consumer, Event, Producer, StreamError, StreamId};
+use keyserial_redis::{partition_of, Consumer, Event, Producer, StreamError, StreamId};
 
 // ---------------------------------------------------------------- a real server
 
@@ -425,7 +424,7 @@ fn run_recording(
     claim_idle: Duration,
     work: Duration,
     log: Arc<Mutex<Vec<(String, StreamId)>>>,
-) -> thread::JoinHandle<Result<keyserial::stream::ConsumerStats, StreamError>> {
+) -> thread::JoinHandle<Result<keyserial_redis::ConsumerStats, StreamError>> {
     let b = Consumer::builder(url, stream, 1, "g", name)
         .claim_idle(claim_idle)
         .block(Duration::from_millis(20))

@@ -2,7 +2,7 @@
 //! outside the repository drive this CLI, so its arguments and output are a contract).
 //!
 //! ```text
-//! cargo run --release -p keyserial --features redis --example stream_consumer -- \
+//! cargo run --release -p keyserial-redis --example stream_consumer -- \
 //!     --redis URL --stream NAME --partitions P --group G --consumer NAME --index I --of N \
 //!     --log FILE [--work-ms MAX] [--claim-idle-ms MS] [--exit-when-idle-ms MS]
 //! ```
@@ -24,7 +24,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keyserial::stream::Consumer;
+use keyserial_redis::Consumer;
 
 struct Args {
     redis: String,

@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use super::conn::{self, Backoff, Conn};
-use super::error::StreamError;
-use super::id::StreamId;
-use super::partition::partition_of;
-use super::stream_name;
+use crate::conn::{self, Backoff, Conn};
+use crate::error::StreamError;
+use crate::id::StreamId;
+use crate::partition::partition_of;
+use crate::stream_name;
 
 /// Appends entries to a partitioned stream: an entry with key `k` goes to `{stream}:{p}` with
 /// `p = partition_of(k, partitions)`, as the fields `key` and `data` (the wire format of
@@ -17,11 +17,11 @@ use super::stream_name;
 /// [`send_with_id`](Self::send_with_id) the repeat is refused by the server instead).
 ///
 /// ```no_run
-/// use keyserial::stream::Producer;
+/// use keyserial_redis::Producer;
 /// let mut p = Producer::connect("redis://127.0.0.1:6379", "orders", 8)?;
 /// let id = p.send(b"user-42", b"paid")?;
-/// println!("appended {id} to orders:{}", keyserial::stream::partition_of(b"user-42", 8));
-/// # Ok::<(), keyserial::stream::StreamError>(())
+/// println!("appended {id} to orders:{}", keyserial_redis::partition_of(b"user-42", 8));
+/// # Ok::<(), keyserial_redis::StreamError>(())
 /// ```
 pub struct Producer {
     conn: Conn,
@@ -47,9 +47,9 @@ impl Producer {
     /// [`StreamError::Connect`] if the server cannot be reached.
     ///
     /// ```no_run
-    /// let p = keyserial::stream::Producer::connect("redis://127.0.0.1:6379", "orders", 8)?;
+    /// let p = keyserial_redis::Producer::connect("redis://127.0.0.1:6379", "orders", 8)?;
     /// assert_eq!(p.partitions(), 8);
-    /// # Ok::<(), keyserial::stream::StreamError>(())
+    /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn connect(url: &str, stream: &str, partitions: u32) -> Result<Producer, StreamError> {
         if partitions == 0 {
@@ -73,9 +73,9 @@ impl Producer {
     /// The number of partitions.
     ///
     /// ```no_run
-    /// # let p = keyserial::stream::Producer::connect("redis://127.0.0.1:6379", "s", 4)?;
+    /// # let p = keyserial_redis::Producer::connect("redis://127.0.0.1:6379", "s", 4)?;
     /// assert_eq!(p.partitions(), 4);
-    /// # Ok::<(), keyserial::stream::StreamError>(())
+    /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn partitions(&self) -> u32 {
         self.partitions
@@ -87,9 +87,9 @@ impl Producer {
     /// A lost connection that reconnecting did not fix, or the server's error.
     ///
     /// ```no_run
-    /// # let mut p = keyserial::stream::Producer::connect("redis://127.0.0.1:6379", "s", 4)?;
+    /// # let mut p = keyserial_redis::Producer::connect("redis://127.0.0.1:6379", "s", 4)?;
     /// let id = p.send(b"k", b"v")?;
-    /// # Ok::<(), keyserial::stream::StreamError>(())
+    /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn send(&mut self, key: &[u8], data: &[u8]) -> Result<StreamId, StreamError> {
         let cmd = self.xadd(None, key, data, &[]);
@@ -103,10 +103,10 @@ impl Producer {
     /// As [`send`](Self::send); an ID at or below the stream's top is a [`StreamError::Redis`].
     ///
     /// ```no_run
-    /// use keyserial::stream::StreamId;
-    /// # let mut p = keyserial::stream::Producer::connect("redis://127.0.0.1:6379", "s", 4)?;
+    /// use keyserial_redis::StreamId;
+    /// # let mut p = keyserial_redis::Producer::connect("redis://127.0.0.1:6379", "s", 4)?;
     /// p.send_with_id(StreamId::new(1_700_000_000_000, 7), b"k", b"v")?;
-    /// # Ok::<(), keyserial::stream::StreamError>(())
+    /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn send_with_id(
         &mut self,
@@ -119,16 +119,16 @@ impl Producer {
     }
 
     /// Appends `key`/`data` plus extra fields (passed through to the consumer's handler as
-    /// [`Entry::fields`](super::Entry::fields)); `id` as in `send_with_id`, `None` for a
+    /// [`Entry::fields`](crate::Entry::fields)); `id` as in `send_with_id`, `None` for a
     /// generated one.
     ///
     /// # Errors
     /// As [`send`](Self::send).
     ///
     /// ```no_run
-    /// # let mut p = keyserial::stream::Producer::connect("redis://127.0.0.1:6379", "s", 4)?;
+    /// # let mut p = keyserial_redis::Producer::connect("redis://127.0.0.1:6379", "s", 4)?;
     /// p.send_fields(None, b"k", b"v", &[(b"trace".as_slice(), b"abc".as_slice())])?;
-    /// # Ok::<(), keyserial::stream::StreamError>(())
+    /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn send_fields(
         &mut self,
@@ -148,10 +148,10 @@ impl Producer {
     /// whole, so entries already appended are appended twice.
     ///
     /// ```no_run
-    /// # let mut p = keyserial::stream::Producer::connect("redis://127.0.0.1:6379", "s", 4)?;
+    /// # let mut p = keyserial_redis::Producer::connect("redis://127.0.0.1:6379", "s", 4)?;
     /// let ids = p.send_batch(&[(b"a".as_slice(), b"1".as_slice()), (b"b", b"2")])?;
     /// assert_eq!(ids.len(), 2);
-    /// # Ok::<(), keyserial::stream::StreamError>(())
+    /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn send_batch(&mut self, entries: &[(&[u8], &[u8])]) -> Result<Vec<StreamId>, StreamError> {
         let mut pipe = redis::pipe();

@@ -11,7 +11,7 @@
 //! `redis-benchmark -q -n 100000 XADD s '*' key k data d` on the same server.
 //!
 //! ```text
-//! cargo run --release -p keyserial --features redis,tokio --example stream_bench -- [--rounds 5]
+//! cargo run --release -p keyserial-redis --example stream_bench -- [--rounds 5]
 //! ```
 //! It starts its own `redis-server` on a free loopback port (and needs `redis-benchmark`, from
 //! the same Debian package). Figures are medians of the rounds; the sequential loop runs once.
@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keyserial::stream::{Consumer, Producer};
 use keyserial::Serializer;
+use keyserial_redis::{Consumer, Producer};
 
 const ENTRIES: usize = 10_000;
 

@@ -5,7 +5,7 @@ use std::fmt;
 /// An error of the stream module's producer or consumer.
 ///
 /// ```
-/// use keyserial::stream::StreamError;
+/// use keyserial_redis::StreamError;
 /// let e = StreamError::Config("partitions must be at least 1".into());
 /// assert_eq!(e.to_string(), "bad configuration: partitions must be at least 1");
 /// ```

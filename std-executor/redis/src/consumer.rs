@@ -32,13 +32,13 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 
-use super::conn::{self, Backoff, Conn, RawEntry};
-use super::entry::{Entry, Event};
-use super::error::StreamError;
-use super::id::StreamId;
-use super::stream_name;
-use super::watermark::Watermark;
-use crate::{Builder, RejectReason, Serializer};
+use crate::conn::{self, Backoff, Conn, RawEntry};
+use crate::entry::{Entry, Event};
+use crate::error::StreamError;
+use crate::id::StreamId;
+use crate::stream_name;
+use crate::watermark::Watermark;
+use keyserial::{Builder, RejectReason, Serializer};
 
 type BlockingFn = dyn Fn(&Entry) + Send + Sync + 'static;
 type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -85,7 +85,7 @@ return lost
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use keyserial::stream::Consumer;
+/// use keyserial_redis::Consumer;
 /// let consumer = Consumer::builder("redis://127.0.0.1:6379", "orders", 8, "billing", "billing-1")
 ///     .index(1, 2)
 ///     .max_in_flight(512)
@@ -93,7 +93,7 @@ return lost
 ///     .workers(32)
 ///     .handler(|e| println!("{} {}", e.id, String::from_utf8_lossy(&e.key)))
 ///     .build()?;
-/// # Ok::<(), keyserial::stream::StreamError>(())
+/// # Ok::<(), keyserial_redis::StreamError>(())
 /// ```
 pub struct ConsumerBuilder {
     url: String,
@@ -134,7 +134,7 @@ impl ConsumerBuilder {
     /// Consumer `index` of `of`: it owns the partitions `p` with `p % of == index`.
     ///
     /// ```no_run
-    /// # let b = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
     /// let b = b.index(1, 2); // partitions 1, 3, 5, 7
     /// ```
     pub fn index(mut self, index: u32, of: u32) -> Self {
@@ -147,7 +147,7 @@ impl ConsumerBuilder {
     /// many entries run again.
     ///
     /// ```no_run
-    /// # let b = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
     /// let b = b.max_in_flight(256);
     /// ```
     pub fn max_in_flight(mut self, n: usize) -> Self {
@@ -158,7 +158,7 @@ impl ConsumerBuilder {
     /// Entries one read asks for per partition (at least 1).
     ///
     /// ```no_run
-    /// # let b = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
     /// let b = b.batch(64);
     /// ```
     pub fn batch(mut self, n: usize) -> Self {
@@ -172,7 +172,7 @@ impl ConsumerBuilder {
     /// stay well below every other consumer's `claim_idle`.
     ///
     /// ```no_run
-    /// # let b = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
     /// let b = b.claim_idle(std::time::Duration::from_secs(5));
     /// ```
     pub fn claim_idle(mut self, d: Duration) -> Self {
@@ -184,7 +184,7 @@ impl ConsumerBuilder {
     /// `claim_idle / 4`; at least 1 ms). See [Claim safety](super#claim-safety).
     ///
     /// ```no_run
-    /// # let b = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
     /// let b = b.refresh_every(std::time::Duration::from_secs(1));
     /// ```
     pub fn refresh_every(mut self, d: Duration) -> Self {
@@ -195,7 +195,7 @@ impl ConsumerBuilder {
     /// The most IDs one partition's [`Watermark`] tracks (at least 1).
     ///
     /// ```no_run
-    /// # let b = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
     /// let b = b.watermark_limit(4096);
     /// ```
     pub fn watermark_limit(mut self, n: usize) -> Self {
@@ -206,7 +206,7 @@ impl ConsumerBuilder {
     /// How long a read with nothing in flight waits on the server for new entries.
     ///
     /// ```no_run
-    /// # let b = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
     /// let b = b.block(std::time::Duration::from_millis(50));
     /// ```
     pub fn block(mut self, d: Duration) -> Self {
@@ -219,7 +219,7 @@ impl ConsumerBuilder {
     ///
     /// ```no_run
     /// use std::time::Duration;
-    /// # let b = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
     /// let b = b.reconnect(5, Duration::from_millis(100), Duration::from_secs(1));
     /// ```
     pub fn reconnect(mut self, attempts: u32, first: Duration, max: Duration) -> Self {
@@ -235,7 +235,7 @@ impl ConsumerBuilder {
     /// owned partition waits for other consumers' pending entries).
     ///
     /// ```no_run
-    /// # let b = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
     /// let b = b.exit_when_idle(std::time::Duration::from_secs(2));
     /// ```
     pub fn exit_when_idle(mut self, d: Duration) -> Self {
@@ -247,7 +247,7 @@ impl ConsumerBuilder {
     /// need about as many workers as entries should wait at once.
     ///
     /// ```no_run
-    /// # let b = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
     /// let b = b.workers(64);
     /// ```
     pub fn workers(mut self, n: usize) -> Self {
@@ -262,7 +262,7 @@ impl ConsumerBuilder {
     /// ```no_run
     /// use std::sync::Arc;
     /// let s = Arc::new(keyserial::Serializer::<Vec<u8>>::builder().workers(4).build().unwrap());
-    /// # let b = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
     /// let b = b.serializer(s);
     /// ```
     pub fn serializer(mut self, s: Arc<Serializer<Vec<u8>>>) -> Self {
@@ -274,7 +274,7 @@ impl ConsumerBuilder {
     /// stream order). The entry is acknowledged after it returns (or panicked).
     ///
     /// ```no_run
-    /// # let b = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
     /// let b = b.handler(|e| println!("{}", e.id));
     /// ```
     pub fn handler(mut self, f: impl Fn(&Entry) + Send + Sync + 'static) -> Self {
@@ -287,7 +287,7 @@ impl ConsumerBuilder {
     /// acknowledged after the future completed. The function itself runs on a worker too.
     ///
     /// ```no_run
-    /// # let b = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
     /// let b = b.async_handler(|e| async move { println!("{}", e.id) });
     /// ```
     pub fn async_handler<F, Fut>(mut self, f: F) -> Self
@@ -302,7 +302,7 @@ impl ConsumerBuilder {
     /// Called on the consumer's thread for each [`Event`] (default: one line on stderr).
     ///
     /// ```no_run
-    /// # let b = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
     /// let b = b.on_event(|e| eprintln!("stream: {e}"));
     /// ```
     pub fn on_event(mut self, f: impl Fn(&Event) + Send + Sync + 'static) -> Self {
@@ -319,10 +319,10 @@ impl ConsumerBuilder {
     /// refuses to create the group (for example: the key is not a stream).
     ///
     /// ```no_run
-    /// let c = keyserial::stream::Consumer::builder("redis://127.0.0.1:6379", "s", 8, "g", "c1")
+    /// let c = keyserial_redis::Consumer::builder("redis://127.0.0.1:6379", "s", 8, "g", "c1")
     ///     .handler(|_| ())
     ///     .build()?;
-    /// # Ok::<(), keyserial::stream::StreamError>(())
+    /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn build(self) -> Result<Consumer, StreamError> {
         let bad = |m: String| Err(StreamError::Config(m));
@@ -541,7 +541,7 @@ impl Future for Guarded {
 /// What a consumer has done so far ([`Consumer::stats`]).
 ///
 /// ```
-/// let s = keyserial::stream::ConsumerStats::default();
+/// let s = keyserial_redis::ConsumerStats::default();
 /// assert_eq!(s.acked, 0);
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -567,7 +567,7 @@ pub struct ConsumerStats {
 /// Stops a running [`Consumer`] from another thread ([`Consumer::stopper`]).
 ///
 /// ```no_run
-/// # let mut c = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 1, "g", "c")
+/// # let mut c = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 1, "g", "c")
 /// #     .handler(|_| ()).build()?;
 /// let stop = c.stopper();
 /// std::thread::spawn(move || {
@@ -575,7 +575,7 @@ pub struct ConsumerStats {
 ///     stop.stop();
 /// });
 /// c.run()?;
-/// # Ok::<(), keyserial::stream::StreamError>(())
+/// # Ok::<(), keyserial_redis::StreamError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct StopHandle(Arc<AtomicBool>);
@@ -586,10 +586,10 @@ impl StopHandle {
     /// name re-reads them on restart), and `run` returns.
     ///
     /// ```no_run
-    /// # let c = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 1, "g", "c")
+    /// # let c = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 1, "g", "c")
     /// #     .handler(|_| ()).build()?;
     /// c.stopper().stop();
-    /// # Ok::<(), keyserial::stream::StreamError>(())
+    /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn stop(&self) {
         self.0.store(true, Ordering::Release);
@@ -597,17 +597,17 @@ impl StopHandle {
 }
 
 /// Consumes the partitions it owns of a partitioned Redis stream, running each entry as a task
-/// of its key on a [`Serializer`]; see the [module docs](super) for the protocol, the delivery
+/// of its key on a [`Serializer`]; see the [crate docs](crate) for the protocol, the delivery
 /// guarantee and claim safety.
 ///
 /// ```no_run
-/// use keyserial::stream::Consumer;
+/// use keyserial_redis::Consumer;
 /// let mut c = Consumer::builder("redis://127.0.0.1:6379", "orders", 8, "billing", "billing-0")
 ///     .index(0, 2)
 ///     .handler(|e| println!("{} {} {}", e.partition, e.id, String::from_utf8_lossy(&e.key)))
 ///     .build()?;
 /// c.run()?; // until stopped, idle (exit_when_idle) or an error
-/// # Ok::<(), keyserial::stream::StreamError>(())
+/// # Ok::<(), keyserial_redis::StreamError>(())
 /// ```
 pub struct Consumer {
     conn: Conn,
@@ -653,7 +653,7 @@ impl Consumer {
     /// `{stream}:0` … of the server at `url`.
     ///
     /// ```no_run
-    /// let b = keyserial::stream::Consumer::builder("redis://127.0.0.1:6379", "orders", 8, "g", "c0");
+    /// let b = keyserial_redis::Consumer::builder("redis://127.0.0.1:6379", "orders", 8, "g", "c0");
     /// ```
     pub fn builder(
         url: &str,
@@ -692,10 +692,10 @@ impl Consumer {
     /// The partitions this consumer owns.
     ///
     /// ```no_run
-    /// # let c = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c")
+    /// # let c = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c")
     /// #     .index(1, 2).handler(|_| ()).build()?;
     /// assert_eq!(c.owned(), [1, 3, 5, 7]);
-    /// # Ok::<(), keyserial::stream::StreamError>(())
+    /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn owned(&self) -> Vec<u32> {
         self.parts.iter().map(|p| p.p).collect()
@@ -704,12 +704,12 @@ impl Consumer {
     /// The completion watermark of the owned partitions.
     ///
     /// ```no_run
-    /// # let c = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c")
+    /// # let c = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c")
     /// #     .handler(|_| ()).build()?;
     /// for p in c.owned() {
     ///     println!("partition {p}: done up to {:?}", c.watermark().mark(p));
     /// }
-    /// # Ok::<(), keyserial::stream::StreamError>(())
+    /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn watermark(&self) -> &Watermark<StreamId> {
         &self.watermark
@@ -718,10 +718,10 @@ impl Consumer {
     /// Counts of what the consumer did.
     ///
     /// ```no_run
-    /// # let c = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c")
+    /// # let c = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c")
     /// #     .handler(|_| ()).build()?;
     /// assert_eq!(c.stats().acked, 0);
-    /// # Ok::<(), keyserial::stream::StreamError>(())
+    /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn stats(&self) -> ConsumerStats {
         self.stats
@@ -730,10 +730,10 @@ impl Consumer {
     /// Entries read and not yet acknowledged.
     ///
     /// ```no_run
-    /// # let c = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c")
+    /// # let c = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c")
     /// #     .handler(|_| ()).build()?;
     /// assert_eq!(c.in_flight(), 0);
-    /// # Ok::<(), keyserial::stream::StreamError>(())
+    /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn in_flight(&self) -> usize {
         self.in_flight
@@ -742,10 +742,10 @@ impl Consumer {
     /// A handle that stops [`run`](Self::run) from another thread.
     ///
     /// ```no_run
-    /// # let c = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c")
+    /// # let c = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c")
     /// #     .handler(|_| ()).build()?;
     /// let stop = c.stopper();
-    /// # Ok::<(), keyserial::stream::StreamError>(())
+    /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn stopper(&self) -> StopHandle {
         StopHandle(Arc::clone(&self.stop))
@@ -754,7 +754,7 @@ impl Consumer {
     fn event(&self, e: Event) {
         match &self.on_event {
             Some(f) => f(&e),
-            None => eprintln!("keyserial::stream: {e}"),
+            None => eprintln!("keyserial_redis: {e}"),
         }
     }
 
@@ -768,11 +768,11 @@ impl Consumer {
     /// in flight stays pending and is re-read by this consumer name on restart.
     ///
     /// ```no_run
-    /// # let mut c = keyserial::stream::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c")
+    /// # let mut c = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c")
     /// #     .exit_when_idle(std::time::Duration::from_secs(1)).handler(|_| ()).build()?;
     /// let stats = c.run()?;
     /// println!("acknowledged {}", stats.acked);
-    /// # Ok::<(), keyserial::stream::StreamError>(())
+    /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn run(&mut self) -> Result<ConsumerStats, StreamError> {
         let mut next_refresh = Instant::now() + self.refresh;
