@@ -110,21 +110,30 @@
 
 #![deny(missing_docs)]
 
+mod builder;
 mod conn;
 mod consumer;
 mod entry;
 mod error;
+mod group;
 mod id;
+mod part;
 mod partition;
 mod producer;
+mod stats;
+mod stop;
+mod task;
 mod watermark;
 
-pub use consumer::{Consumer, ConsumerBuilder, ConsumerStats, StopHandle};
+pub use builder::ConsumerBuilder;
+pub use consumer::Consumer;
 pub use entry::{Entry, Event};
 pub use error::StreamError;
 pub use id::{ParseIdError, StreamId};
 pub use partition::{murmur2, partition_of};
 pub use producer::Producer;
+pub use stats::ConsumerStats;
+pub use stop::StopHandle;
 pub use watermark::{TrackError, Watermark};
 
 /// The Redis key of partition `p` of `stream`: `{stream}:{p}`.

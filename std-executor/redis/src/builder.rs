@@ -1,0 +1,393 @@
+//! Configuring a consumer: [`ConsumerBuilder`] checks the settings, connects, creates the
+//! group on the owned partition streams, and hands everything to the loop
+//! ([`Consumer`]). Nothing here runs after [`build`](ConsumerBuilder::build) returned.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keyserial::{Builder, Serializer};
+
+use crate::conn::{Backoff, Conn};
+use crate::consumer::{Consumer, EventFn, Settings};
+use crate::entry::{Entry, Event};
+use crate::error::StreamError;
+use crate::group::Group;
+use crate::stream_name;
+use crate::task::Handler;
+#[cfg(doc)]
+use crate::watermark::Watermark;
+
+/// Configures a [`Consumer`]; made by [`Consumer::builder`].
+///
+/// | setting | default | meaning |
+/// |---|---|---|
+/// | [`index`](Self::index) | 0 of 1 | consumer `i` of `n` owns the partitions `p` with `p % n == i` |
+/// | [`max_in_flight`](Self::max_in_flight) | 1,024 | entries read and not yet acknowledged, at most (the duplicates a crash can cause) |
+/// | [`batch`](Self::batch) | 256 | `COUNT` of one read, per partition |
+/// | [`claim_idle`](Self::claim_idle) | 30 s | pending entries of other consumer names idle this long are taken over |
+/// | [`refresh_every`](Self::refresh_every) | `claim_idle / 4` | how often held entries' idle time is reset |
+/// | [`watermark_limit`](Self::watermark_limit) | 65,536 | IDs a partition's [`Watermark`] tracks; at the limit that partition's reads pause |
+/// | [`block`](Self::block) | 100 ms | how long an idle read waits on the server |
+/// | [`reconnect`](Self::reconnect) | 10 attempts, 50 ms doubling to 2 s | lost-connection retries before [`StreamError::ConnectionLost`] |
+/// | [`exit_when_idle`](Self::exit_when_idle) | never | [`Consumer::run`] returns after nothing was read or in flight this long |
+/// | [`workers`](Self::workers) / [`serializer`](Self::serializer) | a serializer of its own (one worker per core, capacity `max_in_flight`) | where handlers run |
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use keyserial_redis::Consumer;
+/// let consumer = Consumer::builder("redis://127.0.0.1:6379", "orders", 8, "billing", "billing-1")
+///     .index(1, 2)
+///     .max_in_flight(512)
+///     .claim_idle(Duration::from_secs(10))
+///     .workers(32)
+///     .handler(|e| println!("{} {}", e.id, String::from_utf8_lossy(&e.key)))
+///     .build()?;
+/// # Ok::<(), keyserial_redis::StreamError>(())
+/// ```
+pub struct ConsumerBuilder {
+    url: String,
+    stream: String,
+    partitions: u32,
+    group: String,
+    name: String,
+    index: u32,
+    of: u32,
+    max_in_flight: usize,
+    batch: usize,
+    claim_idle: Duration,
+    refresh: Option<Duration>,
+    watermark_limit: usize,
+    block: Duration,
+    backoff: Backoff,
+    exit_when_idle: Option<Duration>,
+    workers: Option<usize>,
+    serializer: Option<Arc<Serializer<Vec<u8>>>>,
+    handler: Option<Handler>,
+    on_event: Option<Arc<EventFn>>,
+}
+
+impl std::fmt::Debug for ConsumerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerBuilder")
+            .field("stream", &self.stream)
+            .field("partitions", &self.partitions)
+            .field("group", &self.group)
+            .field("name", &self.name)
+            .field("index", &self.index)
+            .field("of", &self.of)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConsumerBuilder {
+    /// Consumer `index` of `of`: it owns the partitions `p` with `p % of == index`.
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.index(1, 2); // partitions 1, 3, 5, 7
+    /// ```
+    pub fn index(mut self, index: u32, of: u32) -> Self {
+        self.index = index;
+        self.of = of;
+        self
+    }
+
+    /// The most entries read and not yet acknowledged (at least 1). After a crash, at most this
+    /// many entries run again.
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.max_in_flight(256);
+    /// ```
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n;
+        self
+    }
+
+    /// Entries one read asks for per partition (at least 1).
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.batch(64);
+    /// ```
+    pub fn batch(mut self, n: usize) -> Self {
+        self.batch = n;
+        self
+    }
+
+    /// How long another consumer name's pending entry must have idled before this consumer
+    /// takes it over (at least 1 ms). Every consumer of a group should use the same value: a
+    /// live consumer refreshes its holds every [`refresh_every`](Self::refresh_every), which must
+    /// stay well below every other consumer's `claim_idle`.
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.claim_idle(std::time::Duration::from_secs(5));
+    /// ```
+    pub fn claim_idle(mut self, d: Duration) -> Self {
+        self.claim_idle = d;
+        self
+    }
+
+    /// How often this consumer resets the idle time of the entries it holds (default
+    /// `claim_idle / 4`; at least 1 ms). See [Claim safety](crate#claim-safety).
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.refresh_every(std::time::Duration::from_secs(1));
+    /// ```
+    pub fn refresh_every(mut self, d: Duration) -> Self {
+        self.refresh = Some(d);
+        self
+    }
+
+    /// The most IDs one partition's [`Watermark`] tracks (at least 1).
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.watermark_limit(4096);
+    /// ```
+    pub fn watermark_limit(mut self, n: usize) -> Self {
+        self.watermark_limit = n;
+        self
+    }
+
+    /// How long a read with nothing in flight waits on the server for new entries.
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.block(std::time::Duration::from_millis(50));
+    /// ```
+    pub fn block(mut self, d: Duration) -> Self {
+        self.block = d;
+        self
+    }
+
+    /// Lost-connection retries: `attempts` reconnects, waiting `first`, doubling up to `max`.
+    /// The first connection (in [`build`](Self::build)) is not retried.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.reconnect(5, Duration::from_millis(100), Duration::from_secs(1));
+    /// ```
+    pub fn reconnect(mut self, attempts: u32, first: Duration, max: Duration) -> Self {
+        self.backoff = Backoff {
+            attempts,
+            first,
+            max,
+        };
+        self
+    }
+
+    /// [`Consumer::run`] returns once nothing was read and nothing was in flight for `d` (and no
+    /// owned partition waits for other consumers' pending entries).
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.exit_when_idle(std::time::Duration::from_secs(2));
+    /// ```
+    pub fn exit_when_idle(mut self, d: Duration) -> Self {
+        self.exit_when_idle = Some(d);
+        self
+    }
+
+    /// Worker threads of the consumer's own serializer. Blocking handlers that wait (sleep, I/O)
+    /// need about as many workers as entries should wait at once.
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.workers(64);
+    /// ```
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = Some(n);
+        self
+    }
+
+    /// Runs handlers on `serializer` instead of a serializer of the consumer's own (for example
+    /// one built with `Builder::tokio_handle` for async handlers). Its capacity bounds the
+    /// queued tasks; entries it refuses wait in the consumer and stop its reads.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// let s = Arc::new(keyserial::Serializer::<Vec<u8>>::builder().workers(4).build().unwrap());
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.serializer(s);
+    /// ```
+    pub fn serializer(mut self, s: Arc<Serializer<Vec<u8>>>) -> Self {
+        self.serializer = Some(s);
+        self
+    }
+
+    /// The handler, run as a task of the entry's key (so a key's entries run one at a time, in
+    /// stream order). The entry is acknowledged after it returns (or panicked).
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.handler(|e| println!("{}", e.id));
+    /// ```
+    pub fn handler(mut self, f: impl Fn(&Entry) + Send + Sync + 'static) -> Self {
+        self.handler = Some(Handler::Blocking(Arc::new(f)));
+        self
+    }
+
+    /// An async handler: the future it returns runs as a task of the entry's key with
+    /// [`Serializer::submit_async`] (it holds no worker while it waits); the entry is
+    /// acknowledged after the future completed. The function itself runs on a worker too.
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.async_handler(|e| async move { println!("{}", e.id) });
+    /// ```
+    pub fn async_handler<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(Entry) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.handler = Some(Handler::Async(Arc::new(move |e| Box::pin(f(e)))));
+        self
+    }
+
+    /// Called on the consumer's thread for each [`Event`] (default: one line on stderr).
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.on_event(|e| eprintln!("stream: {e}"));
+    /// ```
+    pub fn on_event(mut self, f: impl Fn(&Event) + Send + Sync + 'static) -> Self {
+        self.on_event = Some(Arc::new(f));
+        self
+    }
+
+    /// Checks the settings, connects, and creates the consumer group on each owned partition
+    /// stream (at ID `0`, with `MKSTREAM`, if it does not exist yet).
+    ///
+    /// # Errors
+    /// [`StreamError::Config`] for an invalid setting or a missing handler,
+    /// [`StreamError::Connect`] if the server cannot be reached, [`StreamError::Redis`] if it
+    /// refuses to create the group (for example: the key is not a stream).
+    ///
+    /// ```no_run
+    /// let c = keyserial_redis::Consumer::builder("redis://127.0.0.1:6379", "s", 8, "g", "c1")
+    ///     .handler(|_| ())
+    ///     .build()?;
+    /// # Ok::<(), keyserial_redis::StreamError>(())
+    /// ```
+    pub fn build(self) -> Result<Consumer, StreamError> {
+        let bad = |m: String| Err(StreamError::Config(m));
+        if self.partitions == 0 {
+            return bad("partitions must be at least 1".into());
+        }
+        if self.of == 0 || self.index >= self.of {
+            return bad(format!(
+                "index {} of {}: the index must be below the consumer count",
+                self.index, self.of
+            ));
+        }
+        if self.index >= self.partitions {
+            return bad(format!(
+                "consumer {} of {} owns no partition of {}",
+                self.index, self.of, self.partitions
+            ));
+        }
+        if self.stream.is_empty() || self.group.is_empty() || self.name.is_empty() {
+            return bad("the stream, group and consumer names must not be empty".into());
+        }
+        if self.max_in_flight == 0 || self.batch == 0 || self.watermark_limit == 0 {
+            return bad("max_in_flight, batch and watermark_limit must be at least 1".into());
+        }
+        let refresh = self.refresh.unwrap_or(self.claim_idle / 4);
+        if self.claim_idle < Duration::from_millis(1) || refresh < Duration::from_millis(1) {
+            return bad("claim_idle and refresh_every must be at least 1 ms".into());
+        }
+        if self.workers == Some(0) {
+            return bad("workers must be at least 1".into());
+        }
+        let Some(handler) = self.handler else {
+            return bad("no handler: call handler or async_handler".into());
+        };
+        let serializer = match self.serializer {
+            Some(s) => s,
+            None => {
+                let mut b = Builder::new().capacity(self.max_in_flight);
+                if let Some(w) = self.workers {
+                    b = b.workers(w);
+                }
+                Arc::new(b.build().map_err(|e| StreamError::Config(e.to_string()))?)
+            }
+        };
+        let conn = Conn::open(
+            &self.url,
+            self.backoff,
+            self.block + Duration::from_secs(10),
+        )?;
+        let owned: Vec<u32> = (self.index..self.partitions)
+            .step_by(self.of as usize)
+            .collect();
+        let streams = owned
+            .iter()
+            .map(|&p| stream_name(&self.stream, p))
+            .collect();
+        let group = Group::open(conn, self.group, self.name, streams)?;
+        Ok(Consumer::start(
+            Settings {
+                max_in_flight: self.max_in_flight,
+                batch: self.batch,
+                claim_idle: self.claim_idle,
+                refresh,
+                block: self.block,
+                exit_when_idle: self.exit_when_idle,
+                watermark_limit: self.watermark_limit,
+            },
+            group,
+            &self.stream,
+            &owned,
+            serializer,
+            handler,
+            self.on_event,
+        ))
+    }
+}
+
+impl Consumer {
+    /// A builder for consumer `name` of group `group` over the `partitions` partition streams
+    /// `{stream}:0` … of the server at `url`.
+    ///
+    /// ```no_run
+    /// let b = keyserial_redis::Consumer::builder("redis://127.0.0.1:6379", "orders", 8, "g", "c0");
+    /// ```
+    pub fn builder(
+        url: &str,
+        stream: &str,
+        partitions: u32,
+        group: &str,
+        name: &str,
+    ) -> ConsumerBuilder {
+        ConsumerBuilder {
+            url: url.to_string(),
+            stream: stream.to_string(),
+            partitions,
+            group: group.to_string(),
+            name: name.to_string(),
+            index: 0,
+            of: 1,
+            max_in_flight: 1024,
+            batch: 256,
+            claim_idle: Duration::from_secs(30),
+            refresh: None,
+            watermark_limit: 65_536,
+            block: Duration::from_millis(100),
+            backoff: Backoff {
+                attempts: 10,
+                first: Duration::from_millis(50),
+                max: Duration::from_secs(2),
+            },
+            exit_when_idle: None,
+            workers: None,
+            serializer: None,
+            handler: None,
+            on_event: None,
+        }
+    }
+}

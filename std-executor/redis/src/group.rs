@@ -1,0 +1,203 @@
+//! The consumer group's side in Redis: creating the group, reads, claims, hold refreshes and
+//! acknowledgements, each one command (or one pipeline, or one script) on the consumer's
+//! connection.
+//!
+//! # Protocol
+//!
+//! - Every command that needs the group recovers from `NOGROUP` (the stream and its group were
+//!   deleted, or the server lost its data) by creating the group on every owned partition
+//!   stream at ID `0` with `MKSTREAM`, then sending the command once more.
+//! - A hold refresh ([`Group::refresh`]) is one server-side script per partition and chunk: per
+//!   ID, if the entry is still in *this* consumer's pending list, `XCLAIM … JUSTID` it to itself
+//!   (idle time back to 0, delivery count unchanged), otherwise report it lost. A script runs
+//!   atomically on the server, so a refresh never takes back an entry another consumer claimed
+//!   meanwhile (see [Claim safety](crate#claim-safety)).
+//! - Acknowledgements of all partitions go in one pipeline.
+//!
+//! Nothing here decides what to read or claim, or when: that is the loop's (`consumer.rs`).
+
+use redis::Value;
+
+use crate::conn::{self, Conn, RawEntry, StreamEntries};
+use crate::error::StreamError;
+use crate::id::StreamId;
+
+/// The Lua script that refreshes this consumer's holds (see the module docs).
+const REFRESH_LUA: &str = r#"
+local lost = {}
+for i = 3, #ARGV do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if #p == 1 and p[1][2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+  else
+    lost[#lost + 1] = ARGV[i]
+  end
+end
+return lost
+"#;
+
+/// This consumer's view of its group: the connection, the group and consumer names, and the
+/// owned partition streams.
+pub(crate) struct Group {
+    pub conn: Conn,
+    pub group: String,
+    pub name: String,
+    streams: Vec<String>,
+    refresh_script: redis::Script,
+}
+
+impl Group {
+    /// Creates the group on each of `streams` (if missing) and returns the view.
+    pub fn open(
+        conn: Conn,
+        group: String,
+        name: String,
+        streams: Vec<String>,
+    ) -> Result<Group, StreamError> {
+        let mut g = Group {
+            conn,
+            group,
+            name,
+            streams,
+            refresh_script: redis::Script::new(REFRESH_LUA),
+        };
+        g.create_all()?;
+        Ok(g)
+    }
+
+    fn create_all(&mut self) -> Result<(), StreamError> {
+        for i in 0..self.streams.len() {
+            let mut c = redis::cmd("XGROUP");
+            c.arg("CREATE")
+                .arg(&self.streams[i])
+                .arg(&self.group)
+                .arg("0")
+                .arg("MKSTREAM");
+            match self.conn.query(&c) {
+                Ok(_) => {}
+                Err(StreamError::Redis(e)) if e.code() == Some("BUSYGROUP") => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a command that needs the group; if the group is gone, creates it again and
+    /// retries once.
+    fn query(&mut self, cmd: &redis::Cmd) -> Result<Value, StreamError> {
+        match self.conn.query(cmd) {
+            Err(StreamError::Redis(e)) if e.code() == Some("NOGROUP") => {
+                self.create_all()?;
+                self.conn.query(cmd)
+            }
+            other => other,
+        }
+    }
+
+    /// `XREADGROUP` of up to `count` entries per stream: each `(stream, after)` reads after the
+    /// ID `after` (`">"`: new entries; an ID: this consumer's pending list). `block` in ms.
+    pub fn read(
+        &mut self,
+        streams: &[(&str, String)],
+        count: usize,
+        block: Option<u64>,
+    ) -> Result<Vec<StreamEntries>, StreamError> {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(&self.group)
+            .arg(&self.name)
+            .arg("COUNT")
+            .arg(count);
+        if let Some(ms) = block {
+            cmd.arg("BLOCK").arg(ms);
+        }
+        cmd.arg("STREAMS");
+        for (s, _) in streams {
+            cmd.arg(*s);
+        }
+        for (_, after) in streams {
+            cmd.arg(after);
+        }
+        conn::read_reply(self.query(&cmd)?)
+    }
+
+    /// `XAUTOCLAIM` from `cursor`: entries of `stream` idle at least `idle_ms`, at most `count`.
+    /// Returns the next cursor (`0-0`: the scan is complete) and the entries taken.
+    pub fn autoclaim(
+        &mut self,
+        stream: &str,
+        idle_ms: u64,
+        cursor: StreamId,
+        count: usize,
+    ) -> Result<(StreamId, Vec<RawEntry>), StreamError> {
+        let mut cmd = redis::cmd("XAUTOCLAIM");
+        cmd.arg(stream).arg(&self.group).arg(&self.name);
+        cmd.arg(idle_ms).arg(cursor.to_string());
+        cmd.arg("COUNT").arg(count);
+        let reply = conn::array(self.query(&cmd)?, "an XAUTOCLAIM reply")?;
+        let mut it = reply.into_iter();
+        let (Some(cursor), Some(claimed)) = (it.next(), it.next()) else {
+            return Err(StreamError::Protocol("a short XAUTOCLAIM reply".into()));
+        };
+        // The third element lists claimed IDs whose entries were deleted: the server already
+        // removed them from the pending list.
+        Ok((conn::id_of(cursor)?, conn::entries(claimed)?))
+    }
+
+    /// Whether consumer names other than this one have pending entries in `stream`.
+    pub fn others_pending(&mut self, stream: &str) -> Result<bool, StreamError> {
+        let mut cmd = redis::cmd("XPENDING");
+        cmd.arg(stream).arg(&self.group);
+        let reply = conn::array(self.query(&cmd)?, "an XPENDING summary")?;
+        let Some(consumers) = reply.into_iter().nth(3) else {
+            return Err(StreamError::Protocol("a short XPENDING summary".into()));
+        };
+        for c in conn::array(consumers, "XPENDING's consumers")? {
+            let mut pair = conn::array(c, "an XPENDING consumer")?.into_iter();
+            let name = pair.next().and_then(conn::bytes);
+            let n = pair.next().as_ref().and_then(conn::int).unwrap_or(0);
+            if n > 0 && name.as_deref() != Some(self.name.as_bytes()) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Resets the idle time of `ids` in `stream` where they are still this consumer's; returns
+    /// those that are not (lost to another consumer).
+    pub fn refresh(
+        &mut self,
+        stream: &str,
+        ids: &[StreamId],
+    ) -> Result<Vec<StreamId>, StreamError> {
+        let mut lost = Vec::new();
+        for chunk in ids.chunks(500) {
+            let mut inv = self.refresh_script.key(stream);
+            inv.arg(&self.group).arg(&self.name);
+            for id in chunk {
+                inv.arg(id.to_string());
+            }
+            for v in conn::array(self.conn.script(&inv)?, "the refresh script's reply")? {
+                lost.push(conn::id_of(v)?);
+            }
+        }
+        Ok(lost)
+    }
+
+    /// `XACK`s the given IDs of each stream, in one pipelined round trip.
+    pub fn ack(&mut self, acks: &[(&str, &[StreamId])]) -> Result<(), StreamError> {
+        let mut pipe = redis::pipe();
+        for (stream, ids) in acks {
+            for chunk in ids.chunks(1000) {
+                let mut cmd = redis::cmd("XACK");
+                cmd.arg(*stream).arg(&self.group);
+                for id in chunk {
+                    cmd.arg(id.to_string());
+                }
+                pipe.add_command(cmd);
+            }
+        }
+        self.conn.query_pipe(&pipe)?;
+        Ok(())
+    }
+}
