@@ -4,13 +4,17 @@
 //! ```text
 //! cargo run --release -p keyserial-redis --example stream_consumer -- \
 //!     --redis URL --stream NAME --partitions P --group G --consumer NAME --index I --of N \
-//!     --log FILE [--work-ms MAX] [--claim-idle-ms MS] [--exit-when-idle-ms MS]
+//!     --log FILE [--work-ms MAX] [--claim-idle-ms MS] [--exit-when-idle-ms MS] \
+//!     [--max-attempts A] [--retry-ms MS]
 //! ```
 //!
 //! Consumer `I` of `N` owns the partitions `p` of `{NAME}:0..P` with `p % N == I`. Its handler
 //! sleeps a uniform random 0..=MAX ms (with `--work-ms`), then appends `{partition} {id} {key}\n`
 //! to FILE with one `write` (the file is opened with `O_APPEND`), before the entry is
-//! acknowledged. With `--exit-when-idle-ms` it exits 0 once nothing was read and nothing was in
+//! acknowledged. An entry with a field `fail` = N (decimal) makes the handler fail (before the
+//! sleep, writing nothing) while its attempt is at most N: it is retried after `--retry-ms`
+//! (default 100, doubling up to 10 s), up to `--max-attempts` runs in all (default 3), then
+//! appended to the dead-letter stream `{NAME}:dead` and acknowledged. With `--exit-when-idle-ms` it exits 0 once nothing was read and nothing was in
 //! flight that long, printing `watermark {p} {id}` for each owned partition (`-`: nothing done)
 //! and a `stats` line. A bad argument or an unreachable server: exit status 1, one line on
 //! stderr.
@@ -38,13 +42,15 @@ struct Args {
     work_ms: Option<u64>,
     claim_idle_ms: Option<u64>,
     exit_when_idle_ms: Option<u64>,
+    max_attempts: Option<u64>,
+    retry_ms: Option<u64>,
 }
 
-const USAGE: &str = "usage: stream_consumer --redis URL --stream NAME --partitions P --group G --consumer NAME --index I --of N --log FILE [--work-ms MAX] [--claim-idle-ms MS] [--exit-when-idle-ms MS]";
+const USAGE: &str = "usage: stream_consumer --redis URL --stream NAME --partitions P --group G --consumer NAME --index I --of N --log FILE [--work-ms MAX] [--claim-idle-ms MS] [--exit-when-idle-ms MS] [--max-attempts A] [--retry-ms MS]";
 
 fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
-    let mut v: [Option<String>; 11] = Default::default();
-    const NAMES: [&str; 11] = [
+    let mut v: [Option<String>; 13] = Default::default();
+    const NAMES: [&str; 13] = [
         "--redis",
         "--stream",
         "--partitions",
@@ -56,6 +62,8 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
         "--work-ms",
         "--claim-idle-ms",
         "--exit-when-idle-ms",
+        "--max-attempts",
+        "--retry-ms",
     ];
     while let Some(a) = it.next() {
         if a == "--help" || a == "-h" {
@@ -99,6 +107,11 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
     let work_ms = opt(v[8].take(), "--work-ms")?;
     let claim_idle_ms = opt(v[9].take(), "--claim-idle-ms")?;
     let exit_when_idle_ms = opt(v[10].take(), "--exit-when-idle-ms")?;
+    let max_attempts = opt(v[11].take(), "--max-attempts")?;
+    let retry_ms = opt(v[12].take(), "--retry-ms")?;
+    if max_attempts == Some(0) || max_attempts.is_some_and(|a| a > u64::from(u32::MAX)) {
+        return Err("--max-attempts must be at least 1 (and fit 32 bits)".into());
+    }
     if partitions == 0 {
         return Err("--partitions must be at least 1".into());
     }
@@ -129,6 +142,8 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
         work_ms,
         claim_idle_ms,
         exit_when_idle_ms,
+        max_attempts,
+        retry_ms,
     }))
 }
 
@@ -188,7 +203,17 @@ pub fn run(argv: impl Iterator<Item = String>) -> u8 {
     } else {
         4
     })
-    .handler(move |e| {
+    .handler(move |e| -> Result<(), String> {
+        // `fail` = N: fail while the attempt is at most N.
+        if let Some(n) = e.field(b"fail") {
+            let n: u64 = std::str::from_utf8(n)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| format!("entry {}: fail field is not a number", e.id))?;
+            if u64::from(e.attempt()) <= n {
+                return Err(format!("fail={n}, attempt {}", e.attempt()));
+            }
+        }
         if let Some(max) = work_ms {
             std::thread::sleep(Duration::from_millis(uniform(max)));
         }
@@ -210,7 +235,14 @@ pub fn run(argv: impl Iterator<Item = String>) -> u8 {
                 std::process::exit(1);
             }
         }
+        Ok(())
     });
+    let first = Duration::from_millis(args.retry_ms.unwrap_or(100));
+    b = b.retry(
+        args.max_attempts.map_or(3, |a| a as u32),
+        first,
+        first.max(Duration::from_secs(10)),
+    );
     if let Some(ms) = args.claim_idle_ms {
         b = b.claim_idle(Duration::from_millis(ms));
     }
@@ -241,14 +273,17 @@ pub fn run(argv: impl Iterator<Item = String>) -> u8 {
     }
     writeln!(
         out,
-        "stats read={} acked={} claimed={} missing_key={} deleted={} panicked={} lost={}",
+        "stats read={} acked={} claimed={} missing_key={} deleted={} panicked={} lost={} failed={} retried={} dead_lettered={}",
         stats.read,
         stats.acked,
         stats.claimed,
         stats.missing_key,
         stats.deleted,
         stats.panicked,
-        stats.lost
+        stats.lost,
+        stats.failed,
+        stats.retried,
+        stats.dead_lettered
     )
     .ok();
     out.flush().ok();

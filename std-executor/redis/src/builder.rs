@@ -13,8 +13,9 @@ use crate::consumer::{Consumer, EventFn, Settings};
 use crate::entry::{Entry, Event};
 use crate::error::StreamError;
 use crate::group::Group;
+use crate::outcome::HandlerResult;
 use crate::stream_name;
-use crate::task::Handler;
+use crate::task::{Handler, Retry};
 #[cfg(doc)]
 use crate::watermark::Watermark;
 
@@ -30,6 +31,8 @@ use crate::watermark::Watermark;
 /// | [`watermark_limit`](Self::watermark_limit) | 65,536 | IDs a partition's [`Watermark`] tracks; at the limit that partition's reads pause |
 /// | [`block`](Self::block) | 100 ms | how long an idle read waits on the server |
 /// | [`reconnect`](Self::reconnect) | 10 attempts, 50 ms doubling to 2 s | lost-connection retries before [`StreamError::ConnectionLost`] |
+/// | [`retry`](Self::retry) | 3 attempts, 100 ms doubling to 10 s | runs of a failing entry before it is dead-lettered |
+/// | [`dead_letter`](Self::dead_letter) | `{stream}:dead` | where entries that failed every attempt go |
 /// | [`exit_when_idle`](Self::exit_when_idle) | never | [`Consumer::run`] returns after nothing was read or in flight this long |
 /// | [`workers`](Self::workers) / [`serializer`](Self::serializer) | a serializer of its own (one worker per core, capacity `max_in_flight`) | where handlers run |
 ///
@@ -65,6 +68,8 @@ pub struct ConsumerBuilder {
     serializer: Option<Arc<Serializer<Vec<u8>>>>,
     handler: Option<Handler>,
     on_event: Option<Arc<EventFn>>,
+    retry: Retry,
+    dead_letter: Option<String>,
 }
 
 impl std::fmt::Debug for ConsumerBuilder {
@@ -221,31 +226,89 @@ impl ConsumerBuilder {
     }
 
     /// The handler, run as a task of the entry's key (so a key's entries run one at a time, in
-    /// stream order). The entry is acknowledged after it returns (or panicked).
+    /// stream order). It returns `()` or `Result<(), E>` ([`HandlerResult`]); an `Err` or a
+    /// panic is a failure, retried as [`retry`](Self::retry) says, then dead-lettered. The entry
+    /// is acknowledged after it succeeded (or was dead-lettered).
     ///
     /// ```no_run
     /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
-    /// let b = b.handler(|e| println!("{}", e.id));
+    /// let b = b.handler(|e| -> Result<(), String> {
+    ///     if e.data.is_empty() {
+    ///         return Err(format!("entry {} has no data", e.id));
+    ///     }
+    ///     println!("{}", e.id);
+    ///     Ok(())
+    /// });
     /// ```
-    pub fn handler(mut self, f: impl Fn(&Entry) + Send + Sync + 'static) -> Self {
-        self.handler = Some(Handler::Blocking(Arc::new(f)));
+    pub fn handler<F, R>(mut self, f: F) -> Self
+    where
+        F: Fn(&Entry) -> R + Send + Sync + 'static,
+        R: HandlerResult,
+    {
+        self.handler = Some(Handler::Blocking(Arc::new(move |e| f(e).into_result())));
         self
     }
 
     /// An async handler: the future it returns runs as a task of the entry's key with
     /// [`Serializer::submit_async`] (it holds no worker while it waits); the entry is
-    /// acknowledged after the future completed. The function itself runs on a worker too.
+    /// acknowledged after the future succeeded (or the entry was dead-lettered). The function
+    /// itself runs on a worker too. Its output is `()` or `Result<(), E>` as for
+    /// [`handler`](Self::handler); a retry calls the function again with the entry.
     ///
     /// ```no_run
     /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
-    /// let b = b.async_handler(|e| async move { println!("{}", e.id) });
+    /// let b = b.async_handler(|e| async move {
+    ///     if e.attempt() < 2 {
+    ///         return Err("the first attempt always fails here");
+    ///     }
+    ///     Ok(())
+    /// });
     /// ```
     pub fn async_handler<F, Fut>(mut self, f: F) -> Self
     where
         F: Fn(Entry) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
+        Fut: Future + Send + 'static,
+        Fut::Output: HandlerResult,
     {
-        self.handler = Some(Handler::Async(Arc::new(move |e| Box::pin(f(e)))));
+        self.handler = Some(Handler::Async(Arc::new(move |e| {
+            let fut = f(e);
+            Box::pin(async move { fut.await.into_result() })
+        })));
+        self
+    }
+
+    /// How a failed entry is retried: at most `max_attempts` runs in all (at least 1), the
+    /// first retry after `first`, each next one after twice as long, at most `max` (default 3
+    /// attempts, 100 ms to 10 s). A retry runs as the same task of its key, so the key's later
+    /// entries wait behind it while other keys go on; its attempt is recorded in Redis's
+    /// delivery count ([`Entry::attempt`]). After the last failed attempt the entry is
+    /// appended to the [`dead_letter`](Self::dead_letter) stream, then acknowledged.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.retry(5, Duration::from_millis(50), Duration::from_secs(2));
+    /// ```
+    pub fn retry(mut self, max_attempts: u32, first: Duration, max: Duration) -> Self {
+        self.retry = Retry {
+            max_attempts,
+            first,
+            max,
+        };
+        self
+    }
+
+    /// The dead-letter stream (default `{stream}:dead`): an entry that failed its last attempt
+    /// is appended there with its own fields plus `source_stream`, `source_id`, `error` and
+    /// `attempts`, and then acknowledged (a crash between the two appends it again: at least
+    /// once into the dead-letter stream).
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.dead_letter("orders:failed");
+    /// ```
+    pub fn dead_letter(mut self, stream: &str) -> Self {
+        self.dead_letter = Some(stream.to_string());
         self
     }
 
@@ -301,6 +364,15 @@ impl ConsumerBuilder {
         if self.claim_idle < Duration::from_millis(1) || refresh < Duration::from_millis(1) {
             return bad("claim_idle and refresh_every must be at least 1 ms".into());
         }
+        if self.retry.max_attempts == 0 {
+            return bad("retry: max_attempts must be at least 1".into());
+        }
+        if self.retry.first > self.retry.max {
+            return bad("retry: the first backoff must not exceed the largest".into());
+        }
+        if self.dead_letter.as_deref() == Some("") {
+            return bad("the dead-letter stream's name must not be empty".into());
+        }
         if self.workers == Some(0) {
             return bad("workers must be at least 1".into());
         }
@@ -339,6 +411,10 @@ impl ConsumerBuilder {
                 block: self.block,
                 exit_when_idle: self.exit_when_idle,
                 watermark_limit: self.watermark_limit,
+                retry: self.retry,
+                dead_letter: self
+                    .dead_letter
+                    .unwrap_or_else(|| format!("{}:dead", self.stream)),
             },
             group,
             &self.stream,
@@ -388,6 +464,12 @@ impl Consumer {
             serializer: None,
             handler: None,
             on_event: None,
+            retry: Retry {
+                max_attempts: 3,
+                first: Duration::from_millis(100),
+                max: Duration::from_secs(10),
+            },
+            dead_letter: None,
         }
     }
 }

@@ -12,7 +12,7 @@
 //! 4. partitions waiting for other consumers' pending entries check `XPENDING` and take over what
 //!    idled past `claim_idle` with `XAUTOCLAIM`; live partitions scan with `XAUTOCLAIM` every
 //!    `claim_idle / 2`;
-//! 5. entries read (their *backlog*) are submitted with `try_submit`/`try_submit_async`; a full
+//! 5. entries read (their *backlog*) are submitted with `try_submit_async` (see `task.rs`); a full
 //!    serializer leaves them queued here, which stops that partition's reads;
 //! 6. live partitions with an empty backlog read new entries (`>`), all in one `XREADGROUP`,
 //!    `BLOCK`ing only when nothing is in flight.
@@ -32,13 +32,14 @@ use keyserial::{RejectReason, Serializer};
 use crate::conn::RawEntry;
 use crate::entry::Event;
 use crate::error::StreamError;
+use crate::group::Flush;
 use crate::group::Group;
 use crate::id::StreamId;
-use crate::part::{self, Parsed, Part, Phase};
+use crate::part::{self, DeadLetter, Parsed, Part, Phase};
 use crate::stats::ConsumerStats;
 use crate::stop::StopHandle;
 use crate::stream_name;
-use crate::task::{self, Done, Handler, Stalled};
+use crate::task::{self, Handler, Outcome, Report, Retry, Stalled};
 use crate::watermark::Watermark;
 
 pub(crate) type EventFn = dyn Fn(&Event) + Send + Sync + 'static;
@@ -52,6 +53,8 @@ pub(crate) struct Settings {
     pub block: Duration,
     pub exit_when_idle: Option<Duration>,
     pub watermark_limit: usize,
+    pub retry: Retry,
+    pub dead_letter: String,
 }
 
 /// Consumes the partitions it owns of a partitioned Redis stream, running each entry as a task
@@ -78,8 +81,8 @@ pub struct Consumer {
     by_name: HashMap<Vec<u8>, usize>,
     watermark: Watermark<StreamId>,
     in_flight: usize,
-    tx: Sender<Done>,
-    rx: Receiver<Done>,
+    tx: Sender<Report>,
+    rx: Receiver<Report>,
     stop: Arc<AtomicBool>,
     stats: ConsumerStats,
     rotate: usize,
@@ -293,7 +296,7 @@ impl Consumer {
         Ok(self.stats)
     }
 
-    /// Takes completion reports: waits up to `wait` for the first.
+    /// Takes the tasks' reports: waits up to `wait` for the first.
     fn collect(&mut self, wait: Duration) -> Result<(), StreamError> {
         let first = if wait.is_zero() {
             self.rx.try_recv().ok()
@@ -305,56 +308,140 @@ impl Consumer {
                 Err(RecvTimeoutError::Disconnected) => None,
             }
         };
-        let Some(first) = first else { return Ok(()) };
-        let mut next = Some(first);
-        while let Some(d) = next {
-            let part = &mut self.parts[d.part];
-            match d.outcome {
-                Some(panicked) => {
-                    part.acks.push(d.id);
-                    self.stats.processed += 1;
-                    if panicked {
-                        self.stats.panicked += 1;
-                        let p = part.p;
-                        self.event(Event::HandlerPanicked {
-                            partition: p,
-                            id: d.id,
-                            key: d.key,
-                        });
-                    }
-                }
-                None => {
-                    // Not run: not acknowledged; it stays pending for a later delivery.
-                    if part.held.remove(&d.id) {
-                        self.in_flight -= 1;
-                    }
-                }
-            }
+        let mut next = first;
+        while let Some(report) = next {
+            self.take_report(report);
             next = self.rx.try_recv().ok();
         }
         Ok(())
     }
 
-    /// `XACK`s every completed entry, one pipelined round trip; only then are they done in the
-    /// watermark and no longer in flight.
-    fn flush_acks(&mut self) -> Result<(), StreamError> {
-        if self.parts.iter().all(|p| p.acks.is_empty()) {
-            return Ok(());
+    fn take_report(&mut self, report: Report) {
+        match report {
+            Report::Retrying {
+                part,
+                id,
+                key,
+                attempt,
+                error,
+                panicked,
+            } => {
+                self.stats.failed += 1;
+                self.stats.retried += 1;
+                self.stats.panicked += u64::from(panicked);
+                self.parts[part].retries.push((id, attempt + 1));
+                let p = self.parts[part].p;
+                self.event(Event::HandlerFailed {
+                    partition: p,
+                    id,
+                    key,
+                    attempt,
+                    error,
+                    retry: true,
+                });
+            }
+            Report::Done {
+                part,
+                id,
+                outcome: Some(Outcome::Ok),
+            } => {
+                self.stats.processed += 1;
+                self.parts[part].acks.push(id);
+            }
+            Report::Done {
+                part,
+                id,
+                outcome:
+                    Some(Outcome::Failed {
+                        entry,
+                        error,
+                        panicked,
+                    }),
+            } => {
+                self.stats.processed += 1;
+                self.stats.failed += 1;
+                self.stats.panicked += u64::from(panicked);
+                let p = self.parts[part].p;
+                self.event(Event::HandlerFailed {
+                    partition: p,
+                    id,
+                    key: entry.key.clone(),
+                    attempt: entry.attempt(),
+                    error: error.clone(),
+                    retry: false,
+                });
+                self.parts[part].dead.push(DeadLetter { entry, error });
+            }
+            Report::Done {
+                part,
+                id,
+                outcome: None,
+            } => {
+                // Not finished: not acknowledged; it stays pending for a later delivery.
+                if self.parts[part].held.remove(&id) {
+                    self.in_flight -= 1;
+                }
+            }
         }
-        let acks: Vec<(&str, &[StreamId])> = self
+    }
+
+    /// Records the retries' attempt numbers, then appends the dead letters and `XACK`s every
+    /// finished entry (one pipelined round trip); only then are they done in the watermark and
+    /// no longer in flight.
+    fn flush_acks(&mut self) -> Result<(), StreamError> {
+        for i in 0..self.parts.len() {
+            if self.parts[i].retries.is_empty() {
+                continue;
+            }
+            let retries = std::mem::take(&mut self.parts[i].retries);
+            for id in self.group.set_attempts(&self.parts[i].name, &retries)? {
+                self.stats.lost += 1;
+                let p = self.parts[i].p;
+                self.event(Event::Lost { partition: p, id });
+            }
+        }
+        if self
             .parts
             .iter()
-            .filter(|p| !p.acks.is_empty())
-            .map(|p| (p.name.as_str(), p.acks.as_slice()))
+            .all(|p| p.acks.is_empty() && p.dead.is_empty())
+        {
+            return Ok(());
+        }
+        let flush: Vec<Flush<'_>> = self
+            .parts
+            .iter()
+            .filter(|p| !p.acks.is_empty() || !p.dead.is_empty())
+            .map(|p| Flush {
+                stream: &p.name,
+                acks: &p.acks,
+                dead: &p.dead,
+            })
             .collect();
-        self.group.ack(&acks)?;
-        for part in &mut self.parts {
-            for id in part.acks.drain(..) {
+        self.group.flush(&self.cfg.dead_letter, &flush)?;
+        for i in 0..self.parts.len() {
+            let part = &mut self.parts[i];
+            let dead = std::mem::take(&mut part.dead);
+            let done: Vec<StreamId> = part
+                .acks
+                .drain(..)
+                .chain(dead.iter().map(|d| d.entry.id))
+                .collect();
+            for id in done {
                 if part.held.remove(&id) {
                     self.in_flight -= 1;
                 }
                 self.watermark.complete(part.p, &id);
                 self.stats.acked += 1;
+            }
+            let p = part.p;
+            for d in dead {
+                self.stats.dead_lettered += 1;
+                self.event(Event::DeadLettered {
+                    partition: p,
+                    id: d.entry.id,
+                    stream: self.cfg.dead_letter.clone(),
+                    attempts: d.entry.attempt(),
+                });
             }
         }
         Ok(())
@@ -390,7 +477,7 @@ impl Consumer {
 
     /// Takes one delivered entry into the consumer: held, tracked, and either queued for its
     /// handler or (no key, deleted) acknowledged at once. False if it was held already.
-    fn admit(&mut self, i: usize, raw: RawEntry) -> bool {
+    fn admit(&mut self, i: usize, raw: RawEntry, attempt: u32) -> bool {
         let part = &mut self.parts[i];
         let id = raw.id;
         if !part.held.insert(id) {
@@ -403,7 +490,10 @@ impl Consumer {
         let _ = self.watermark.track(part.p, id);
         let p = part.p;
         match part::parse(p, raw) {
-            Parsed::Run(e) => part.backlog.push_back(e),
+            Parsed::Run(mut e) => {
+                e.set_attempt(attempt);
+                part.backlog.push_back(e);
+            }
             Parsed::Deleted => {
                 part.acks.push(id);
                 self.stats.deleted += 1;
@@ -416,6 +506,28 @@ impl Consumer {
             }
         }
         true
+    }
+
+    /// Redis's delivery counts of entries just re-read or claimed in partition `i` (those not
+    /// held yet: the others are skipped by `admit`).
+    fn delivery_counts(
+        &mut self,
+        i: usize,
+        es: &[RawEntry],
+    ) -> Result<HashMap<StreamId, u32>, StreamError> {
+        let part = &self.parts[i];
+        let fresh: Vec<StreamId> = es
+            .iter()
+            .map(|e| e.id)
+            .filter(|id| !part.held.contains(id))
+            .collect();
+        let (Some(&first), Some(&last)) = (fresh.first(), fresh.last()) else {
+            return Ok(HashMap::new());
+        };
+        // This consumer's pending entries in the range: the fresh ones plus held ones there.
+        let count = fresh.len() + part.held.range(first..=last).count();
+        let name = part.name.clone();
+        self.group.delivery_counts(&name, first, last, count)
     }
 
     /// One batch of each re-reading partition's own pending list.
@@ -433,14 +545,13 @@ impl Consumer {
             let reply = self
                 .group
                 .read(&[(&name, after.to_string())], count, None)?;
-            let mut last = None;
-            let mut got = 0;
-            for (_, es) in reply {
-                for e in es {
-                    last = Some(e.id);
-                    got += 1;
-                    self.admit(i, e);
-                }
+            let es: Vec<RawEntry> = reply.into_iter().flat_map(|(_, es)| es).collect();
+            let counts = self.delivery_counts(i, &es)?;
+            let last = es.last().map(|e| e.id);
+            let got = es.len();
+            for e in es {
+                let n = counts.get(&e.id).copied().unwrap_or(1);
+                self.admit(i, e, n);
             }
             progressed |= got > 0;
             let part = &mut self.parts[i];
@@ -487,9 +598,11 @@ impl Consumer {
                 self.parts[i].claim_cursor,
                 count,
             )?;
+            let counts = self.delivery_counts(i, &claimed)?;
             let mut taken = 0;
             for e in claimed {
-                if self.admit(i, e) {
+                let n = counts.get(&e.id).copied().unwrap_or(1);
+                if self.admit(i, e, n) {
                     taken += 1;
                 }
             }
@@ -520,24 +633,16 @@ impl Consumer {
         let mut progressed = false;
         for i in 0..self.parts.len() {
             loop {
-                let task = match self.parts[i].stalled.take() {
+                let Stalled(key, fut) = match self.parts[i].stalled.take() {
                     Some(t) => t,
                     None => match self.parts[i].backlog.pop_front() {
-                        Some(e) => task::make(&self.handler, &self.tx, i, e),
+                        Some(e) => task::make(&self.handler, self.cfg.retry, &self.tx, i, e),
                         None => break,
                     },
                 };
-                let refused = match task {
-                    Stalled::Blocking(key, f) => match self.serializer.try_submit(key.clone(), f) {
-                        Ok(_) => None,
-                        Err(r) => Some((r.reason, Stalled::Blocking(key, r.task))),
-                    },
-                    Stalled::Async(key, fut) => {
-                        match self.serializer.try_submit_async(key.clone(), fut) {
-                            Ok(_) => None,
-                            Err(r) => Some((r.reason, Stalled::Async(key, r.task))),
-                        }
-                    }
+                let refused = match self.serializer.try_submit_async(key.clone(), fut) {
+                    Ok(_) => None,
+                    Err(r) => Some((r.reason, Stalled(key, r.task))),
                 };
                 match refused {
                     None => progressed = true,
@@ -596,7 +701,8 @@ impl Consumer {
                 )));
             };
             for e in es {
-                got |= self.admit(i, e);
+                // A new entry: its first delivery.
+                got |= self.admit(i, e, 1);
             }
         }
         Ok(got)

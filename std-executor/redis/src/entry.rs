@@ -6,15 +6,16 @@ use crate::id::StreamId;
 ///
 /// ```
 /// use keyserial_redis::{Entry, StreamId};
-/// let e = Entry {
-///     partition: 3,
-///     id: StreamId::new(1_700_000_000_000, 0),
-///     key: b"user-42".to_vec(),
-///     data: b"paid".to_vec(),
-///     fields: vec![(b"trace".to_vec(), b"abc".to_vec())],
-/// };
+/// let e = Entry::new(
+///     3,
+///     StreamId::new(1_700_000_000_000, 0),
+///     b"user-42".to_vec(),
+///     b"paid".to_vec(),
+///     vec![(b"trace".to_vec(), b"abc".to_vec())],
+/// );
 /// assert_eq!(e.field(b"trace"), Some(&b"abc"[..]));
 /// assert_eq!(e.field(b"nope"), None);
+/// assert_eq!(e.attempt(), 1);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
@@ -28,14 +29,59 @@ pub struct Entry {
     pub data: Vec<u8>,
     /// Every other field, in the entry's order.
     pub fields: Vec<(Vec<u8>, Vec<u8>)>,
+    /// See [`attempt`](Self::attempt).
+    attempt: u32,
 }
 
 impl Entry {
+    /// An entry on its first attempt (for tests of handlers; the consumer makes its own).
+    ///
+    /// ```
+    /// let e = keyserial_redis::Entry::new(0, keyserial_redis::StreamId::new(1, 0), b"k".to_vec(), vec![], vec![]);
+    /// assert_eq!((e.partition, e.attempt()), (0, 1));
+    /// ```
+    pub fn new(
+        partition: u32,
+        id: StreamId,
+        key: Vec<u8>,
+        data: Vec<u8>,
+        fields: Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> Entry {
+        Entry {
+            partition,
+            id,
+            key,
+            data,
+            fields,
+            attempt: 1,
+        }
+    }
+
+    /// Which run of this entry this is, 1-based, earlier deliveries included: Redis's delivery
+    /// count of the entry when it was read (1 for a first delivery; more when it is re-read
+    /// after a crash or taken over from another consumer), plus one for each retry here. Each
+    /// retry is recorded in Redis's delivery count before it runs, so a consumer restarted
+    /// mid-retry goes on counting.
+    ///
+    /// ```
+    /// # let e = keyserial_redis::Entry::new(0, keyserial_redis::StreamId::new(1, 0), b"k".to_vec(), vec![], vec![]);
+    /// if e.attempt() > 1 {
+    ///     println!("entry {} again (attempt {})", e.id, e.attempt());
+    /// }
+    /// ```
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    pub(crate) fn set_attempt(&mut self, attempt: u32) {
+        self.attempt = attempt.max(1);
+    }
+
     /// The value of one of the other fields.
     ///
     /// ```
     /// # use keyserial_redis::{Entry, StreamId};
-    /// let e = Entry { partition: 0, id: StreamId::ZERO, key: vec![], data: vec![], fields: vec![] };
+    /// let e = Entry::new(0, StreamId::ZERO, vec![], vec![], vec![]);
     /// assert!(e.field(b"x").is_none());
     /// ```
     pub fn field(&self, name: &[u8]) -> Option<&[u8]> {
@@ -72,15 +118,34 @@ pub enum Event {
         /// Its ID.
         id: StreamId,
     },
-    /// The handler panicked on this entry. The entry counts as processed and is acknowledged
-    /// (a poison entry must not block its partition); retry it yourself if you need to.
-    HandlerPanicked {
+    /// The handler failed on this entry (returned an error or panicked). With `retry` it runs
+    /// again after a backoff, before the key's later entries; without, it goes to the
+    /// dead-letter stream ([`Event::DeadLettered`] once it is there).
+    HandlerFailed {
         /// Its partition.
         partition: u32,
         /// Its ID.
         id: StreamId,
         /// Its key.
         key: Vec<u8>,
+        /// The attempt that failed ([`Entry::attempt`]).
+        attempt: u32,
+        /// The error's text (`panicked: …` for a panic).
+        error: String,
+        /// Whether it runs again.
+        retry: bool,
+    },
+    /// An entry that failed its last attempt was appended to the dead-letter stream and then
+    /// acknowledged.
+    DeadLettered {
+        /// Its partition.
+        partition: u32,
+        /// Its ID.
+        id: StreamId,
+        /// The dead-letter stream.
+        stream: String,
+        /// Its attempts.
+        attempts: u32,
     },
     /// Entries of other consumer names taken over with `XAUTOCLAIM` (they idled longer than
     /// `claim_idle`: their consumer is gone).
@@ -115,10 +180,27 @@ impl std::fmt::Display for Event {
                 f,
                 "pending entry {id} of partition {partition} was deleted from the stream: acknowledged, not run"
             ),
-            Event::HandlerPanicked { partition, id, key } => write!(
+            Event::HandlerFailed {
+                partition,
+                id,
+                key,
+                attempt,
+                error,
+                retry,
+            } => write!(
                 f,
-                "the handler panicked on entry {id} (key {:?}) of partition {partition}: acknowledged",
-                String::from_utf8_lossy(key)
+                "the handler failed on entry {id} (key {:?}) of partition {partition}, attempt {attempt}: {error}{}",
+                String::from_utf8_lossy(key),
+                if *retry { "; retrying" } else { "" }
+            ),
+            Event::DeadLettered {
+                partition,
+                id,
+                stream,
+                attempts,
+            } => write!(
+                f,
+                "entry {id} of partition {partition} failed {attempts} attempts: appended to {stream} and acknowledged"
             ),
             Event::Claimed { partition, count } => write!(
                 f,

@@ -21,6 +21,8 @@ use redis::Value;
 use crate::conn::{self, Conn, RawEntry, StreamEntries};
 use crate::error::StreamError;
 use crate::id::StreamId;
+use crate::part::DeadLetter;
+use std::collections::HashMap;
 
 /// The Lua script that refreshes this consumer's holds (see the module docs).
 const REFRESH_LUA: &str = r#"
@@ -36,6 +38,30 @@ end
 return lost
 "#;
 
+/// The Lua script that records a retry's attempt number as the entry's delivery count: per
+/// `(id, count)`, if the entry is still in this consumer's pending list, `XCLAIM … RETRYCOUNT
+/// count JUSTID` (which also resets its idle time); otherwise report it lost.
+const ATTEMPTS_LUA: &str = r#"
+local lost = {}
+for i = 3, #ARGV, 2 do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if #p == 1 and p[1][2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'RETRYCOUNT', ARGV[i + 1], 'JUSTID')
+  else
+    lost[#lost + 1] = ARGV[i]
+  end
+end
+return lost
+"#;
+
+/// One partition's part of a flush: the entries to acknowledge, and those to append to the
+/// dead-letter stream first.
+pub(crate) struct Flush<'a> {
+    pub stream: &'a str,
+    pub acks: &'a [StreamId],
+    pub dead: &'a [DeadLetter],
+}
+
 /// This consumer's view of its group: the connection, the group and consumer names, and the
 /// owned partition streams.
 pub(crate) struct Group {
@@ -44,6 +70,7 @@ pub(crate) struct Group {
     pub name: String,
     streams: Vec<String>,
     refresh_script: redis::Script,
+    attempts_script: redis::Script,
 }
 
 impl Group {
@@ -60,6 +87,7 @@ impl Group {
             name,
             streams,
             refresh_script: redis::Script::new(REFRESH_LUA),
+            attempts_script: redis::Script::new(ATTEMPTS_LUA),
         };
         g.create_all()?;
         Ok(g)
@@ -184,17 +212,84 @@ impl Group {
         Ok(lost)
     }
 
-    /// `XACK`s the given IDs of each stream, in one pipelined round trip.
-    pub fn ack(&mut self, acks: &[(&str, &[StreamId])]) -> Result<(), StreamError> {
+    /// Records each `(id, attempt)` of `stream` as the entry's delivery count where it is
+    /// still this consumer's; returns those that are not.
+    pub fn set_attempts(
+        &mut self,
+        stream: &str,
+        attempts: &[(StreamId, u32)],
+    ) -> Result<Vec<StreamId>, StreamError> {
+        let mut lost = Vec::new();
+        for chunk in attempts.chunks(250) {
+            let mut inv = self.attempts_script.key(stream);
+            inv.arg(&self.group).arg(&self.name);
+            for (id, n) in chunk {
+                inv.arg(id.to_string()).arg(*n);
+            }
+            for v in conn::array(self.conn.script(&inv)?, "the attempts script's reply")? {
+                lost.push(conn::id_of(v)?);
+            }
+        }
+        Ok(lost)
+    }
+
+    /// The delivery counts of this consumer's pending entries of `stream` from `first` to
+    /// `last`, at most `count` of them.
+    pub fn delivery_counts(
+        &mut self,
+        stream: &str,
+        first: StreamId,
+        last: StreamId,
+        count: usize,
+    ) -> Result<HashMap<StreamId, u32>, StreamError> {
+        let mut cmd = redis::cmd("XPENDING");
+        cmd.arg(stream).arg(&self.group);
+        cmd.arg(first.to_string()).arg(last.to_string()).arg(count);
+        cmd.arg(&self.name);
+        let mut out = HashMap::new();
+        for row in conn::array(self.query(&cmd)?, "an XPENDING range")? {
+            let mut it = conn::array(row, "an XPENDING row")?.into_iter();
+            let (Some(id), Some(n)) = (it.next(), it.nth(2)) else {
+                return Err(StreamError::Protocol("a short XPENDING row".into()));
+            };
+            let n = conn::int(&n).unwrap_or(1).clamp(1, i64::from(u32::MAX)) as u32;
+            out.insert(conn::id_of(id)?, n);
+        }
+        Ok(out)
+    }
+
+    /// Appends the dead letters to `dead_letter` (the entry's own fields, then `source_stream`,
+    /// `source_id`, `error`, `attempts`), then `XACK`s everything of each stream, dead letters
+    /// included: one pipelined round trip, executed in that order by the server. A connection
+    /// lost mid-way sends it all again (at least once into the dead-letter stream).
+    pub fn flush(&mut self, dead_letter: &str, parts: &[Flush<'_>]) -> Result<(), StreamError> {
         let mut pipe = redis::pipe();
-        for (stream, ids) in acks {
+        for f in parts {
+            for d in f.dead {
+                let e = &d.entry;
+                let mut cmd = redis::cmd("XADD");
+                cmd.arg(dead_letter).arg("*");
+                cmd.arg("key").arg(&e.key).arg("data").arg(&e.data);
+                for (k, v) in &e.fields {
+                    cmd.arg(k).arg(v);
+                }
+                cmd.arg("source_stream").arg(f.stream);
+                cmd.arg("source_id").arg(e.id.to_string());
+                cmd.arg("error").arg(&d.error);
+                cmd.arg("attempts").arg(e.attempt());
+                pipe.add_command(cmd).ignore();
+            }
+        }
+        for f in parts {
+            let ids = f.acks.iter().chain(f.dead.iter().map(|d| &d.entry.id));
+            let ids: Vec<&StreamId> = ids.collect();
             for chunk in ids.chunks(1000) {
                 let mut cmd = redis::cmd("XACK");
-                cmd.arg(*stream).arg(&self.group);
+                cmd.arg(f.stream).arg(&self.group);
                 for id in chunk {
                     cmd.arg(id.to_string());
                 }
-                pipe.add_command(cmd);
+                pipe.add_command(cmd).ignore();
             }
         }
         self.conn.query_pipe(&pipe)?;

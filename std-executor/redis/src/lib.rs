@@ -67,9 +67,9 @@
 //!
 //! # Delivery: at least once — what a handler must tolerate
 //!
-//! An entry is acknowledged only after its task completed (the handler returned, or panicked:
-//! then it is reported as [`Event::HandlerPanicked`] and acknowledged, so a poison entry does not
-//! block its partition). A key's entries are **first** run in stream order, also across a
+//! An entry is acknowledged only after its handler succeeded, or after it failed every attempt
+//! and was appended to the dead-letter stream (see [Failures](#failures-retry-then-dead-letter)),
+//! so a poison entry does not block its partition for ever. A key's entries are **first** run in stream order, also across a
 //! consumer's kill and restart and across a take-over. A handler must tolerate:
 //! - **running again** an entry it already ran, when the consumer died (or lost its connection
 //!   for good) after the handler ran but before the `XACK`: at most `max_in_flight` entries per
@@ -80,6 +80,42 @@
 //!   the entry's partition and ID) if a repeat matters;
 //! - entries without a `key` field and entries deleted while pending are acknowledged without
 //!   running ([`Event::MissingKey`], [`Event::Deleted`]).
+//!
+//! # Failures: retry, then dead letter
+//!
+//! A handler returns `()` or `Result<(), E>` ([`HandlerResult`]); an `Err` or a panic is a
+//! failure ([`Event::HandlerFailed`]). The entry runs again after a backoff (exponential,
+//! capped: [`ConsumerBuilder::retry`], default 3 attempts from 100 ms to 10 s) as the same task of
+//! its key: the key's later entries wait behind it, other keys go on (the wait holds no worker
+//! thread), and the entry stays held, its idle time refreshed, so no other consumer claims it.
+//! [`Entry::attempt`] counts the runs, earlier deliveries included: each retry is recorded as the
+//! entry's delivery count in Redis (`XCLAIM … RETRYCOUNT`, only while the entry is still this
+//! consumer's) before it runs, so a consumer restarted mid-retry goes on counting where it was.
+//! After `max_attempts` failures the entry is appended to the dead-letter stream
+//! ([`ConsumerBuilder::dead_letter`], default `{stream}:dead`; fields: the entry's own plus
+//! `source_stream`, `source_id`, `error`, `attempts`) and acknowledged in the same pipeline,
+//! after the append ([`Event::DeadLettered`]); a crash between the two appends it again, so an
+//! entry reaches the dead-letter stream at least once.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use keyserial_redis::Consumer;
+//!
+//! let mut consumer = Consumer::builder("redis://127.0.0.1:6379", "orders", 8, "billing", "billing-0")
+//!     .retry(5, Duration::from_millis(200), Duration::from_secs(30))
+//!     .dead_letter("orders:failed")
+//!     .handler(|e| -> Result<(), String> {
+//!         let amount: u64 = std::str::from_utf8(&e.data)
+//!             .ok()
+//!             .and_then(|s| s.parse().ok())
+//!             .ok_or_else(|| format!("not an amount: {:?}", e.data))?;
+//!         println!("charge {amount} (attempt {})", e.attempt());
+//!         Ok(())
+//!     })
+//!     .build()?;
+//! consumer.run()?;
+//! # Ok::<(), keyserial_redis::StreamError>(())
+//! ```
 //!
 //! # Backpressure and bounds
 //!
@@ -117,12 +153,14 @@ mod entry;
 mod error;
 mod group;
 mod id;
+mod outcome;
 mod part;
 mod partition;
 mod producer;
 mod stats;
 mod stop;
 mod task;
+mod timer;
 mod watermark;
 
 pub use builder::ConsumerBuilder;
@@ -130,6 +168,7 @@ pub use consumer::Consumer;
 pub use entry::{Entry, Event};
 pub use error::StreamError;
 pub use id::{ParseIdError, StreamId};
+pub use outcome::{BoxError, HandlerResult};
 pub use partition::{murmur2, partition_of};
 pub use producer::Producer;
 pub use stats::ConsumerStats;

@@ -12,7 +12,9 @@
 //! is in exactly one of: the `backlog` (read, not yet submitted, in stream order), `stalled` (the
 //! backlog's head, built as a task and refused by a full serializer), the serializer (queued or
 //! running), or `acks` (completed, to acknowledge). A partition with a backlog or a stalled task
-//! reads nothing more, so its entries reach the serializer in stream order.
+//! reads nothing more, so its entries reach the serializer in stream order. An entry that failed
+//! its last attempt waits in `dead` until it is appended to the dead-letter stream, and is
+//! acknowledged in the same pipeline, after the append.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Instant;
@@ -47,6 +49,10 @@ pub(crate) struct Part {
     pub held: BTreeSet<StreamId>,
     /// Completed (or not to be run), to `XACK`.
     pub acks: Vec<StreamId>,
+    /// Failed their last attempt: to append to the dead-letter stream, then `XACK`.
+    pub dead: Vec<DeadLetter>,
+    /// Retries about to run: `(id, attempt)` to record as the entry's delivery count.
+    pub retries: Vec<(StreamId, u32)>,
     /// Where the next `XAUTOCLAIM` scan starts.
     pub claim_cursor: StreamId,
     /// When the next claim scan (or `XPENDING` check) is due.
@@ -65,6 +71,8 @@ impl Part {
             stalled: None,
             held: BTreeSet::new(),
             acks: Vec::new(),
+            dead: Vec::new(),
+            retries: Vec::new(),
             claim_cursor: StreamId::ZERO,
             next_claim: Instant::now(),
         }
@@ -81,6 +89,12 @@ impl Part {
             after: StreamId::ZERO,
         };
     }
+}
+
+/// An entry that failed its last attempt, on its way to the dead-letter stream.
+pub(crate) struct DeadLetter {
+    pub entry: Entry,
+    pub error: String,
 }
 
 /// What a delivered entry is.
@@ -109,11 +123,5 @@ pub(crate) fn parse(p: u32, raw: RawEntry) -> Parsed {
     let Some(key) = key else {
         return Parsed::MissingKey;
     };
-    Parsed::Run(Entry {
-        partition: p,
-        id: raw.id,
-        key,
-        data: data.unwrap_or_default(),
-        fields: rest,
-    })
+    Parsed::Run(Entry::new(p, raw.id, key, data.unwrap_or_default(), rest))
 }

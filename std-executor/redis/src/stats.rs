@@ -10,7 +10,7 @@
 pub struct ConsumerStats {
     /// Entries delivered by reads and claims (including re-deliveries).
     pub read: u64,
-    /// Handler runs that completed (returned or panicked).
+    /// Entries whose task finished: succeeded, or failed its last attempt.
     pub processed: u64,
     /// Entries acknowledged.
     pub acked: u64,
@@ -20,8 +20,14 @@ pub struct ConsumerStats {
     pub missing_key: u64,
     /// Pending entries whose body was deleted (acknowledged, not run).
     pub deleted: u64,
-    /// Handler runs that panicked.
+    /// Handler runs that failed (returned an error or panicked), retried or not.
+    pub failed: u64,
+    /// Of those, the runs that panicked.
     pub panicked: u64,
+    /// Failed runs followed by a retry.
+    pub retried: u64,
+    /// Entries appended to the dead-letter stream (and then acknowledged).
+    pub dead_lettered: u64,
     /// Held entries found claimed by another consumer at a refresh.
     pub lost: u64,
 }
