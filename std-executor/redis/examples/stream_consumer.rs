@@ -5,7 +5,7 @@
 //! cargo run --release -p keyserial-redis --example stream_consumer -- \
 //!     --redis URL --stream NAME --partitions P --group G --consumer NAME --index I --of N \
 //!     --log FILE [--work-ms MAX] [--claim-idle-ms MS] [--exit-when-idle-ms MS] \
-//!     [--max-attempts A] [--retry-ms MS]
+//!     [--max-attempts A] [--retry-ms MS] [--reconnect-attempts N]
 //! ```
 //!
 //! Consumer `I` of `N` owns the partitions `p` of `{NAME}:0..P` with `p % N == I`. Its handler
@@ -14,7 +14,9 @@
 //! acknowledged. An entry with a field `fail` = N (decimal) makes the handler fail (before the
 //! sleep, writing nothing) while its attempt is at most N: it is retried after `--retry-ms`
 //! (default 100, doubling up to 10 s), up to `--max-attempts` runs in all (default 3), then
-//! appended to the dead-letter stream `{NAME}:dead` and acknowledged. With `--exit-when-idle-ms` it exits 0 once nothing was read and nothing was in
+//! appended to the dead-letter stream `{NAME}:dead` and acknowledged. A lost Redis connection is
+//! retried for ever (one stderr line per failed attempt), or `--reconnect-attempts N` times in a
+//! row before exiting 1. With `--exit-when-idle-ms` it exits 0 once nothing was read and nothing was in
 //! flight that long, printing `watermark {p} {id}` for each owned partition (`-`: nothing done)
 //! and a `stats` line. A bad argument or an unreachable server: exit status 1, one line on
 //! stderr.
@@ -44,13 +46,14 @@ struct Args {
     exit_when_idle_ms: Option<u64>,
     max_attempts: Option<u64>,
     retry_ms: Option<u64>,
+    reconnect_attempts: Option<u64>,
 }
 
-const USAGE: &str = "usage: stream_consumer --redis URL --stream NAME --partitions P --group G --consumer NAME --index I --of N --log FILE [--work-ms MAX] [--claim-idle-ms MS] [--exit-when-idle-ms MS] [--max-attempts A] [--retry-ms MS]";
+const USAGE: &str = "usage: stream_consumer --redis URL --stream NAME --partitions P --group G --consumer NAME --index I --of N --log FILE [--work-ms MAX] [--claim-idle-ms MS] [--exit-when-idle-ms MS] [--max-attempts A] [--retry-ms MS] [--reconnect-attempts N]";
 
 fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
-    let mut v: [Option<String>; 13] = Default::default();
-    const NAMES: [&str; 13] = [
+    let mut v: [Option<String>; 14] = Default::default();
+    const NAMES: [&str; 14] = [
         "--redis",
         "--stream",
         "--partitions",
@@ -64,6 +67,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
         "--exit-when-idle-ms",
         "--max-attempts",
         "--retry-ms",
+        "--reconnect-attempts",
     ];
     while let Some(a) = it.next() {
         if a == "--help" || a == "-h" {
@@ -109,6 +113,10 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
     let exit_when_idle_ms = opt(v[10].take(), "--exit-when-idle-ms")?;
     let max_attempts = opt(v[11].take(), "--max-attempts")?;
     let retry_ms = opt(v[12].take(), "--retry-ms")?;
+    let reconnect_attempts = opt(v[13].take(), "--reconnect-attempts")?;
+    if reconnect_attempts.is_some_and(|a| a > u64::from(u32::MAX)) {
+        return Err("--reconnect-attempts must fit 32 bits".into());
+    }
     if max_attempts == Some(0) || max_attempts.is_some_and(|a| a > u64::from(u32::MAX)) {
         return Err("--max-attempts must be at least 1 (and fit 32 bits)".into());
     }
@@ -144,6 +152,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
         exit_when_idle_ms,
         max_attempts,
         retry_ms,
+        reconnect_attempts,
     }))
 }
 
@@ -243,6 +252,9 @@ pub fn run(argv: impl Iterator<Item = String>) -> u8 {
         first,
         first.max(Duration::from_secs(10)),
     );
+    if let Some(n) = args.reconnect_attempts {
+        b = b.reconnect(n as u32, Duration::from_millis(50), Duration::from_secs(2));
+    }
     if let Some(ms) = args.claim_idle_ms {
         b = b.claim_idle(Duration::from_millis(ms));
     }

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use keyserial::{Builder, Serializer};
 
+use crate::conn::EventFn;
 use crate::conn::{Backoff, Conn};
-use crate::consumer::{Consumer, EventFn, Settings};
+use crate::consumer::{Consumer, Settings};
 use crate::entry::{Entry, Event};
 use crate::error::StreamError;
 use crate::group::Group;
@@ -30,7 +31,7 @@ use crate::watermark::Watermark;
 /// | [`refresh_every`](Self::refresh_every) | `claim_idle / 4` | how often held entries' idle time is reset |
 /// | [`watermark_limit`](Self::watermark_limit) | 65,536 | IDs a partition's [`Watermark`] tracks; at the limit that partition's reads pause |
 /// | [`block`](Self::block) | 100 ms | how long an idle read waits on the server |
-/// | [`reconnect`](Self::reconnect) | 10 attempts, 50 ms doubling to 2 s | lost-connection retries before [`StreamError::ConnectionLost`] |
+/// | [`reconnect`](Self::reconnect) / [`reconnect_forever`](Self::reconnect_forever) | for ever, 50 ms doubling to 2 s | lost-connection retries (each failed one an [`Event::ConnectionFailed`]); a finite count ends `run` with [`StreamError::ConnectionLost`] |
 /// | [`retry`](Self::retry) | 3 attempts, 100 ms doubling to 10 s | runs of a failing entry before it is dead-lettered |
 /// | [`dead_letter`](Self::dead_letter) | `{stream}:dead` | where entries that failed every attempt go |
 /// | [`exit_when_idle`](Self::exit_when_idle) | never | [`Consumer::run`] returns after nothing was read or in flight this long |
@@ -62,6 +63,7 @@ pub struct ConsumerBuilder {
     refresh: Option<Duration>,
     watermark_limit: usize,
     block: Duration,
+    command_timeout: Option<Duration>,
     backoff: Backoff,
     exit_when_idle: Option<Duration>,
     workers: Option<usize>,
@@ -158,6 +160,20 @@ impl ConsumerBuilder {
         self
     }
 
+    /// How long the consumer waits for a reply before it takes the connection for lost
+    /// (default: the [`block`](Self::block) time plus 10 s; at least 1 ms more than `block`).
+    /// A reply that did not come may still be executed by the server later (a stalled server
+    /// resumes): see [Connection loss](crate#connection-loss) for why that loses nothing.
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.command_timeout(std::time::Duration::from_secs(2));
+    /// ```
+    pub fn command_timeout(mut self, d: Duration) -> Self {
+        self.command_timeout = Some(d);
+        self
+    }
+
     /// How long a read with nothing in flight waits on the server for new entries.
     ///
     /// ```no_run
@@ -169,8 +185,12 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Lost-connection retries: `attempts` reconnects, waiting `first`, doubling up to `max`.
-    /// The first connection (in [`build`](Self::build)) is not retried.
+    /// Gives up on a lost connection after `attempts` failed attempts in a row (waiting
+    /// `first`, doubling up to `max`): [`run`](Consumer::run) returns
+    /// [`StreamError::ConnectionLost`]. The default retries for ever
+    /// ([`reconnect_forever`](Self::reconnect_forever)). The first connection (in
+    /// [`build`](Self::build)) is never retried: an unreachable server at start is an error at
+    /// once.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -179,7 +199,24 @@ impl ConsumerBuilder {
     /// ```
     pub fn reconnect(mut self, attempts: u32, first: Duration, max: Duration) -> Self {
         self.backoff = Backoff {
-            attempts,
+            attempts: Some(attempts),
+            first,
+            max,
+        };
+        self
+    }
+
+    /// Retries a lost connection for ever (the default), waiting `first`, doubling up to
+    /// `max` (default 50 ms to 2 s); each failed attempt is an [`Event::ConnectionFailed`].
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.reconnect_forever(Duration::from_millis(20), Duration::from_secs(5));
+    /// ```
+    pub fn reconnect_forever(mut self, first: Duration, max: Duration) -> Self {
+        self.backoff = Backoff {
+            attempts: None,
             first,
             max,
         };
@@ -373,6 +410,12 @@ impl ConsumerBuilder {
         if self.dead_letter.as_deref() == Some("") {
             return bad("the dead-letter stream's name must not be empty".into());
         }
+        let command_timeout = self
+            .command_timeout
+            .unwrap_or(self.block + Duration::from_secs(10));
+        if command_timeout <= self.block {
+            return bad("command_timeout must exceed the block time".into());
+        }
         if self.workers == Some(0) {
             return bad("workers must be at least 1".into());
         }
@@ -389,10 +432,14 @@ impl ConsumerBuilder {
                 Arc::new(b.build().map_err(|e| StreamError::Config(e.to_string()))?)
             }
         };
+        let on_event: Arc<EventFn> = self
+            .on_event
+            .unwrap_or_else(|| Arc::new(|e: &Event| eprintln!("keyserial_redis: {e}")));
         let conn = Conn::open(
             &self.url,
             self.backoff,
-            self.block + Duration::from_secs(10),
+            command_timeout,
+            Arc::clone(&on_event),
         )?;
         let owned: Vec<u32> = (self.index..self.partitions)
             .step_by(self.of as usize)
@@ -421,7 +468,7 @@ impl ConsumerBuilder {
             &owned,
             serializer,
             handler,
-            self.on_event,
+            on_event,
         ))
     }
 }
@@ -454,8 +501,9 @@ impl Consumer {
             refresh: None,
             watermark_limit: 65_536,
             block: Duration::from_millis(100),
+            command_timeout: None,
             backoff: Backoff {
-                attempts: 10,
+                attempts: None,
                 first: Duration::from_millis(50),
                 max: Duration::from_secs(2),
             },

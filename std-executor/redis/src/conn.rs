@@ -1,31 +1,55 @@
 //! One Redis connection that reconnects with backoff, and the reply-parsing helpers.
+//!
+//! # Protocol
+//!
+//! A command that fails for a connection reason (I/O error, reset, EOF, a reply that did not
+//! come within the command timeout) drops the connection; the next attempt dials a new one
+//! after a backoff (`first`, doubling, at most `max`; `attempts` failed attempts in a row, or
+//! for ever), reporting each failed attempt as [`Event::ConnectionFailed`].
+//!
+//! A reply that did not come does not mean the command did not run: a stalled server that
+//! resumes executes what was sent before it stopped. So a new connection first closes the old
+//! one on the server, `CLIENT KILL ID old` (the old connection's `CLIENT ID`, asked when it was
+//! made): when that returns, the old connection's command either ran already or never will.
+//! Then:
+//! - commands safe to repeat ([`Conn::query`], [`Conn::query_pipe`], [`Conn::script`]: acks,
+//!   refreshes, group creation, `XPENDING`) are sent again;
+//! - commands that deliver entries to this consumer ([`Conn::query_once`]: reads, claims) are
+//!   not: the caller gets `None` and re-reads its own pending list first, which holds whatever
+//!   the lost command delivered, before anything newer (`consumer.rs`). `epoch` counts
+//!   reconnects so the caller can tell.
 
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
 use redis::{Client, Cmd, Connection, Pipeline, Value};
 
+use crate::entry::Event;
 use crate::error::StreamError;
 use crate::id::StreamId;
 
-/// How a lost connection is retried: `attempts` reconnects, waiting `first`, then twice as long
-/// each time, at most `max`.
+/// Called with each [`Event`].
+pub(crate) type EventFn = dyn Fn(&Event) + Send + Sync + 'static;
+
+/// How a lost connection is retried: `attempts` failed reconnects in a row (`None`: for ever),
+/// waiting `first`, then twice as long each time, at most `max`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Backoff {
-    pub attempts: u32,
+    pub attempts: Option<u32>,
     pub first: Duration,
     pub max: Duration,
 }
 
-/// A connection that, when a command fails for a connection reason (I/O error, reset, EOF,
-/// timeout), reconnects with [`Backoff`] and sends the command again. Every command this module
-/// sends is safe to repeat (see `consumer.rs`: a repeated read is followed by a re-read of the
-/// consumer's own pending entries); `epoch` counts reconnects so the caller can tell.
+/// A connection that reconnects (see the module docs).
 pub(crate) struct Conn {
     client: Client,
     con: Option<Connection>,
+    /// The server's `CLIENT ID` of the connection (of the last one, once it is dropped).
+    client_id: Option<i64>,
     backoff: Backoff,
     read_timeout: Duration,
+    on_event: Arc<EventFn>,
     /// Bumped on every successful reconnect.
     pub epoch: u64,
 }
@@ -38,72 +62,118 @@ fn is_connection_error(e: &redis::RedisError) -> bool {
 
 impl Conn {
     /// Connects once (no retry: an unreachable server at start is a configuration error).
-    pub fn open(url: &str, backoff: Backoff, read_timeout: Duration) -> Result<Conn, StreamError> {
+    pub fn open(
+        url: &str,
+        backoff: Backoff,
+        read_timeout: Duration,
+        on_event: Arc<EventFn>,
+    ) -> Result<Conn, StreamError> {
         let client = Client::open(url).map_err(StreamError::Connect)?;
-        let con = Self::dial(&client, read_timeout).map_err(StreamError::Connect)?;
+        let (con, id) = Self::dial(&client, read_timeout).map_err(StreamError::Connect)?;
         Ok(Conn {
             client,
             con: Some(con),
+            client_id: Some(id),
             backoff,
             read_timeout,
+            on_event,
             epoch: 0,
         })
     }
 
-    fn dial(client: &Client, read_timeout: Duration) -> redis::RedisResult<Connection> {
-        let con = client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
+    fn dial(client: &Client, read_timeout: Duration) -> redis::RedisResult<(Connection, i64)> {
+        let mut con = client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
         con.set_read_timeout(Some(read_timeout))?;
         con.set_write_timeout(Some(read_timeout))?;
-        Ok(con)
+        let id: i64 = redis::cmd("CLIENT").arg("ID").query(&mut con)?;
+        Ok((con, id))
     }
 
-    /// Runs `f` on the connection; on a connection error, reconnects (with backoff) and runs it
-    /// again, up to the attempt limit.
+    /// A new connection, after the old one is closed on the server.
+    fn redial(&mut self) -> redis::RedisResult<()> {
+        let (mut con, id) = Self::dial(&self.client, self.read_timeout)?;
+        if let Some(old) = self.client_id {
+            let mut kill = redis::cmd("CLIENT");
+            kill.arg("KILL").arg("ID").arg(old);
+            match kill.query::<Value>(&mut con) {
+                // Killed, or already gone ("No such client").
+                Ok(_) => {}
+                Err(e) if !is_connection_error(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.con = Some(con);
+        self.client_id = Some(id);
+        self.epoch += 1;
+        Ok(())
+    }
+
+    /// Runs `f` on the connection; on a connection error, reconnects (with backoff) and, if
+    /// `resend`, runs it again; if not, returns `None` once reconnected.
     fn with<T>(
         &mut self,
+        resend: bool,
         mut f: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
-    ) -> Result<T, StreamError> {
+    ) -> Result<Option<T>, StreamError> {
         let mut attempt = 0u32;
         let mut wait = self.backoff.first;
         loop {
             let err = match self.con.as_mut() {
                 Some(con) => match f(con) {
-                    Ok(v) => return Ok(v),
+                    Ok(v) => return Ok(Some(v)),
                     Err(e) if is_connection_error(&e) => e,
                     Err(e) => return Err(StreamError::Redis(e)),
                 },
-                None => match Self::dial(&self.client, self.read_timeout) {
-                    Ok(con) => {
-                        self.con = Some(con);
-                        self.epoch += 1;
-                        continue;
-                    }
+                None => match self.redial() {
+                    Ok(()) if resend => continue,
+                    Ok(()) => return Ok(None),
                     Err(e) => e,
                 },
             };
             self.con = None;
-            if attempt >= self.backoff.attempts {
+            if self.backoff.attempts.is_some_and(|a| attempt >= a) {
                 return Err(StreamError::ConnectionLost {
                     attempts: attempt,
                     last: err,
                 });
             }
             attempt += 1;
+            (self.on_event)(&Event::ConnectionFailed {
+                attempt,
+                error: err.to_string(),
+                retry_in: wait,
+            });
             thread::sleep(wait);
             wait = (wait * 2).min(self.backoff.max);
         }
     }
 
+    /// Reports `e` to the owner's event callback.
+    pub fn event(&self, e: &Event) {
+        (self.on_event)(e)
+    }
+
+    /// A command safe to repeat: sent again on a new connection if the reply was lost.
     pub fn query(&mut self, cmd: &Cmd) -> Result<Value, StreamError> {
-        self.with(|con| cmd.query::<Value>(con))
+        self.with(true, |con| cmd.query::<Value>(con))
+            .map(|v| v.unwrap_or(Value::Nil))
     }
 
+    /// A command that is not repeated: `None` if its reply was lost (the connection is new).
+    pub fn query_once(&mut self, cmd: &Cmd) -> Result<Option<Value>, StreamError> {
+        self.with(false, |con| cmd.query::<Value>(con))
+    }
+
+    /// A pipeline safe to repeat.
     pub fn query_pipe(&mut self, pipe: &Pipeline) -> Result<Vec<Value>, StreamError> {
-        self.with(|con| pipe.query::<Vec<Value>>(con))
+        self.with(true, |con| pipe.query::<Vec<Value>>(con))
+            .map(Option::unwrap_or_default)
     }
 
+    /// A script safe to repeat.
     pub fn script(&mut self, inv: &redis::ScriptInvocation<'_>) -> Result<Value, StreamError> {
-        self.with(|con| inv.invoke::<Value>(con))
+        self.with(true, |con| inv.invoke::<Value>(con))
+            .map(|v| v.unwrap_or(Value::Nil))
     }
 }
 

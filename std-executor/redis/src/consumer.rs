@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use keyserial::{RejectReason, Serializer};
 
-use crate::conn::RawEntry;
+use crate::conn::{EventFn, RawEntry};
 use crate::entry::Event;
 use crate::error::StreamError;
 use crate::group::Flush;
@@ -41,8 +41,6 @@ use crate::stop::StopHandle;
 use crate::stream_name;
 use crate::task::{self, Handler, Outcome, Report, Retry, Stalled};
 use crate::watermark::Watermark;
-
-pub(crate) type EventFn = dyn Fn(&Event) + Send + Sync + 'static;
 
 /// The loop's settings, checked by the builder.
 pub(crate) struct Settings {
@@ -76,7 +74,7 @@ pub struct Consumer {
     tick: Duration,
     serializer: Arc<Serializer<Vec<u8>>>,
     handler: Handler,
-    on_event: Option<Arc<EventFn>>,
+    on_event: Arc<EventFn>,
     parts: Vec<Part>,
     by_name: HashMap<Vec<u8>, usize>,
     watermark: Watermark<StreamId>,
@@ -110,7 +108,7 @@ impl Consumer {
         owned: &[u32],
         serializer: Arc<Serializer<Vec<u8>>>,
         handler: Handler,
-        on_event: Option<Arc<EventFn>>,
+        on_event: Arc<EventFn>,
     ) -> Consumer {
         let mut parts = Vec::new();
         let mut by_name = HashMap::new();
@@ -204,10 +202,7 @@ impl Consumer {
     }
 
     fn event(&self, e: Event) {
-        match &self.on_event {
-            Some(f) => f(&e),
-            None => eprintln!("keyserial_redis: {e}"),
-        }
+        (self.on_event)(&e)
     }
 
     /// Consumes until stopped ([`stopper`](Self::stopper)), idle for
@@ -267,15 +262,17 @@ impl Consumer {
     /// After a reconnect, a reply may have been lost with the connection: entries delivered to
     /// this consumer by a read or a claim whose reply never arrived are in its pending list but
     /// not held. Re-reading its own pending list (skipping held IDs) recovers them; they are
-    /// newer than everything held, so per-key order holds.
-    fn check_epoch(&mut self) {
-        if self.group.conn.epoch != self.epoch {
-            self.epoch = self.group.conn.epoch;
-            for part in &mut self.parts {
-                part.reread_own();
-            }
-            self.event(Event::Reconnected);
+    /// newer than everything held, so per-key order holds. True if it was so.
+    fn check_epoch(&mut self) -> bool {
+        if self.group.conn.epoch == self.epoch {
+            return false;
         }
+        self.epoch = self.group.conn.epoch;
+        for part in &mut self.parts {
+            part.reread_own();
+        }
+        self.event(Event::Reconnected);
+        true
     }
 
     fn drain(&mut self) -> Result<ConsumerStats, StreamError> {
@@ -532,6 +529,7 @@ impl Consumer {
 
     /// One batch of each re-reading partition's own pending list.
     fn read_own_pending(&mut self) -> Result<bool, StreamError> {
+        self.check_epoch();
         let mut progressed = false;
         for i in 0..self.parts.len() {
             let Phase::OwnPending { after } = self.parts[i].phase else {
@@ -542,9 +540,14 @@ impl Consumer {
                 continue;
             }
             let name = self.parts[i].name.clone();
-            let reply = self
+            let Some(reply) = self
                 .group
-                .read(&[(&name, after.to_string())], count, None)?;
+                .read(&[(&name, after.to_string())], count, None)?
+            else {
+                // The reply was lost: every partition starts its re-read again.
+                self.check_epoch();
+                return Ok(true);
+            };
             let es: Vec<RawEntry> = reply.into_iter().flat_map(|(_, es)| es).collect();
             let counts = self.delivery_counts(i, &es)?;
             let last = es.last().map(|e| e.id);
@@ -570,6 +573,9 @@ impl Consumer {
     /// Partitions waiting for others: done when no other name has pending entries there, else
     /// `XAUTOCLAIM` what idled past `claim_idle`. Live partitions: a scan every `claim_idle / 2`.
     fn claims(&mut self) -> Result<bool, StreamError> {
+        if self.check_epoch() {
+            return Ok(true);
+        }
         let mut progressed = false;
         let now = Instant::now();
         let claim_idle = self.cfg.claim_idle;
@@ -592,12 +598,17 @@ impl Consumer {
                 continue;
             }
             let name = self.parts[i].name.clone();
-            let (cursor, claimed) = self.group.autoclaim(
+            let Some((cursor, claimed)) = self.group.autoclaim(
                 &name,
                 claim_idle.as_millis() as u64,
                 self.parts[i].claim_cursor,
                 count,
-            )?;
+            )?
+            else {
+                // The reply was lost: what it took is in this consumer's pending list now.
+                self.check_epoch();
+                return Ok(true);
+            };
             let counts = self.delivery_counts(i, &claimed)?;
             let mut taken = 0;
             for e in claimed {
@@ -662,6 +673,9 @@ impl Consumer {
 
     /// One `XREADGROUP … >` over the live partitions that have room and nothing queued here.
     fn read_new(&mut self, quiet: bool) -> Result<bool, StreamError> {
+        if self.check_epoch() {
+            return Ok(true);
+        }
         let room = self.room();
         if room == 0 {
             return Ok(false);
@@ -691,7 +705,10 @@ impl Consumer {
             .iter()
             .map(|&i| (self.parts[i].name.as_str(), ">".to_string()))
             .collect();
-        let reply = self.group.read(&streams, count, block)?;
+        let Some(reply) = self.group.read(&streams, count, block)? else {
+            self.check_epoch();
+            return Ok(true);
+        };
         let mut got = false;
         for (name, es) in reply {
             let Some(&i) = self.by_name.get(&name) else {

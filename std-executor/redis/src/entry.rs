@@ -167,6 +167,25 @@ pub enum Event {
     /// The connection was lost and re-established; the consumer re-reads its own pending
     /// entries (replies lost with the connection are recovered from there).
     Reconnected,
+    /// A command failed for a connection reason (or a reconnect failed); the next attempt is
+    /// in `retry_in`.
+    ConnectionFailed {
+        /// Failed attempts in a row, from 1.
+        attempt: u32,
+        /// The error's text.
+        error: String,
+        /// The wait before the next attempt.
+        retry_in: std::time::Duration,
+    },
+    /// The consumer group was found missing on `stream` (the server lost its data, or the
+    /// stream was deleted): entries this consumer held there are no longer pending anywhere.
+    /// Reported before the group is created again (at ID `0`, with `MKSTREAM`).
+    GroupLost {
+        /// The partition stream where a command found no group.
+        stream: String,
+        /// The group.
+        group: String,
+    },
 }
 
 impl std::fmt::Display for Event {
@@ -211,6 +230,19 @@ impl std::fmt::Display for Event {
                 "entry {id} of partition {partition} was claimed by another consumer while held here"
             ),
             Event::Reconnected => f.write_str("reconnected to redis; re-reading own pending entries"),
+            Event::ConnectionFailed {
+                attempt,
+                error,
+                retry_in,
+            } => write!(
+                f,
+                "redis connection attempt {attempt} failed ({error}); retrying in {} ms",
+                retry_in.as_millis()
+            ),
+            Event::GroupLost { stream, group } => write!(
+                f,
+                "consumer group {group} is missing on {stream} (redis lost its data?): creating it again"
+            ),
         }
     }
 }

@@ -19,10 +19,12 @@
 use redis::Value;
 
 use crate::conn::{self, Conn, RawEntry, StreamEntries};
+use crate::entry::Event;
 use crate::error::StreamError;
 use crate::id::StreamId;
 use crate::part::DeadLetter;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// The Lua script that refreshes this consumer's holds (see the module docs).
 const REFRESH_LUA: &str = r#"
@@ -54,6 +56,11 @@ end
 return lost
 "#;
 
+/// Whether the server said the group (or its stream) does not exist, also from inside a script.
+fn no_group(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOGROUP") || e.to_string().contains("NOGROUP")
+}
+
 /// One partition's part of a flush: the entries to acknowledge, and those to append to the
 /// dead-letter stream first.
 pub(crate) struct Flush<'a> {
@@ -69,8 +76,8 @@ pub(crate) struct Group {
     pub group: String,
     pub name: String,
     streams: Vec<String>,
-    refresh_script: redis::Script,
-    attempts_script: redis::Script,
+    refresh_script: Arc<redis::Script>,
+    attempts_script: Arc<redis::Script>,
 }
 
 impl Group {
@@ -86,8 +93,8 @@ impl Group {
             group,
             name,
             streams,
-            refresh_script: redis::Script::new(REFRESH_LUA),
-            attempts_script: redis::Script::new(ATTEMPTS_LUA),
+            refresh_script: Arc::new(redis::Script::new(REFRESH_LUA)),
+            attempts_script: Arc::new(redis::Script::new(ATTEMPTS_LUA)),
         };
         g.create_all()?;
         Ok(g)
@@ -110,26 +117,63 @@ impl Group {
         Ok(())
     }
 
-    /// Sends a command that needs the group; if the group is gone, creates it again and
-    /// retries once.
-    fn query(&mut self, cmd: &redis::Cmd) -> Result<Value, StreamError> {
-        match self.conn.query(cmd) {
-            Err(StreamError::Redis(e)) if e.code() == Some("NOGROUP") => {
-                self.create_all()?;
-                self.conn.query(cmd)
+    /// Sends a command that needs the group; if the group is gone, reports it, creates it
+    /// again and retries once. `once`: a delivering command, not resent after a reconnect
+    /// (`None`).
+    fn query(
+        &mut self,
+        stream: &str,
+        cmd: &redis::Cmd,
+        once: bool,
+    ) -> Result<Option<Value>, StreamError> {
+        let send = |c: &mut Conn| {
+            if once {
+                c.query_once(cmd)
+            } else {
+                c.query(cmd).map(Some)
+            }
+        };
+        match send(&mut self.conn) {
+            Err(StreamError::Redis(e)) if no_group(&e) => {
+                self.group_lost(stream)?;
+                send(&mut self.conn)
             }
             other => other,
         }
     }
 
+    /// Runs a script that needs the group, as [`query`](Self::query) (repeatable).
+    fn script(
+        &mut self,
+        stream: &str,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<Value, StreamError> {
+        match self.conn.script(inv) {
+            Err(StreamError::Redis(e)) if no_group(&e) => {
+                self.group_lost(stream)?;
+                self.conn.script(inv)
+            }
+            other => other,
+        }
+    }
+
+    fn group_lost(&mut self, stream: &str) -> Result<(), StreamError> {
+        self.conn.event(&Event::GroupLost {
+            stream: stream.to_string(),
+            group: self.group.clone(),
+        });
+        self.create_all()
+    }
+
     /// `XREADGROUP` of up to `count` entries per stream: each `(stream, after)` reads after the
     /// ID `after` (`">"`: new entries; an ID: this consumer's pending list). `block` in ms.
+    /// `None`: the reply was lost (it may have delivered entries: re-read the pending list).
     pub fn read(
         &mut self,
         streams: &[(&str, String)],
         count: usize,
         block: Option<u64>,
-    ) -> Result<Vec<StreamEntries>, StreamError> {
+    ) -> Result<Option<Vec<StreamEntries>>, StreamError> {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP")
             .arg(&self.group)
@@ -146,37 +190,45 @@ impl Group {
         for (_, after) in streams {
             cmd.arg(after);
         }
-        conn::read_reply(self.query(&cmd)?)
+        match self.query(streams[0].0, &cmd, true)? {
+            Some(v) => conn::read_reply(v).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// `XAUTOCLAIM` from `cursor`: entries of `stream` idle at least `idle_ms`, at most `count`.
-    /// Returns the next cursor (`0-0`: the scan is complete) and the entries taken.
+    /// Returns the next cursor (`0-0`: the scan is complete) and the entries taken; `None` if
+    /// the reply was lost (as for [`read`](Self::read)).
     pub fn autoclaim(
         &mut self,
         stream: &str,
         idle_ms: u64,
         cursor: StreamId,
         count: usize,
-    ) -> Result<(StreamId, Vec<RawEntry>), StreamError> {
+    ) -> Result<Option<(StreamId, Vec<RawEntry>)>, StreamError> {
         let mut cmd = redis::cmd("XAUTOCLAIM");
         cmd.arg(stream).arg(&self.group).arg(&self.name);
         cmd.arg(idle_ms).arg(cursor.to_string());
         cmd.arg("COUNT").arg(count);
-        let reply = conn::array(self.query(&cmd)?, "an XAUTOCLAIM reply")?;
+        let Some(reply) = self.query(stream, &cmd, true)? else {
+            return Ok(None);
+        };
+        let reply = conn::array(reply, "an XAUTOCLAIM reply")?;
         let mut it = reply.into_iter();
         let (Some(cursor), Some(claimed)) = (it.next(), it.next()) else {
             return Err(StreamError::Protocol("a short XAUTOCLAIM reply".into()));
         };
         // The third element lists claimed IDs whose entries were deleted: the server already
         // removed them from the pending list.
-        Ok((conn::id_of(cursor)?, conn::entries(claimed)?))
+        Ok(Some((conn::id_of(cursor)?, conn::entries(claimed)?)))
     }
 
     /// Whether consumer names other than this one have pending entries in `stream`.
     pub fn others_pending(&mut self, stream: &str) -> Result<bool, StreamError> {
         let mut cmd = redis::cmd("XPENDING");
         cmd.arg(stream).arg(&self.group);
-        let reply = conn::array(self.query(&cmd)?, "an XPENDING summary")?;
+        let reply = self.query(stream, &cmd, false)?.unwrap_or(Value::Nil);
+        let reply = conn::array(reply, "an XPENDING summary")?;
         let Some(consumers) = reply.into_iter().nth(3) else {
             return Err(StreamError::Protocol("a short XPENDING summary".into()));
         };
@@ -200,12 +252,13 @@ impl Group {
     ) -> Result<Vec<StreamId>, StreamError> {
         let mut lost = Vec::new();
         for chunk in ids.chunks(500) {
-            let mut inv = self.refresh_script.key(stream);
+            let script = Arc::clone(&self.refresh_script);
+            let mut inv = script.key(stream);
             inv.arg(&self.group).arg(&self.name);
             for id in chunk {
                 inv.arg(id.to_string());
             }
-            for v in conn::array(self.conn.script(&inv)?, "the refresh script's reply")? {
+            for v in conn::array(self.script(stream, &inv)?, "the refresh script's reply")? {
                 lost.push(conn::id_of(v)?);
             }
         }
@@ -221,12 +274,13 @@ impl Group {
     ) -> Result<Vec<StreamId>, StreamError> {
         let mut lost = Vec::new();
         for chunk in attempts.chunks(250) {
-            let mut inv = self.attempts_script.key(stream);
+            let script = Arc::clone(&self.attempts_script);
+            let mut inv = script.key(stream);
             inv.arg(&self.group).arg(&self.name);
             for (id, n) in chunk {
                 inv.arg(id.to_string()).arg(*n);
             }
-            for v in conn::array(self.conn.script(&inv)?, "the attempts script's reply")? {
+            for v in conn::array(self.script(stream, &inv)?, "the attempts script's reply")? {
                 lost.push(conn::id_of(v)?);
             }
         }
@@ -247,7 +301,8 @@ impl Group {
         cmd.arg(first.to_string()).arg(last.to_string()).arg(count);
         cmd.arg(&self.name);
         let mut out = HashMap::new();
-        for row in conn::array(self.query(&cmd)?, "an XPENDING range")? {
+        let reply = self.query(stream, &cmd, false)?.unwrap_or(Value::Nil);
+        for row in conn::array(reply, "an XPENDING range")? {
             let mut it = conn::array(row, "an XPENDING row")?.into_iter();
             let (Some(id), Some(n)) = (it.next(), it.nth(2)) else {
                 return Err(StreamError::Protocol("a short XPENDING row".into()));

@@ -127,12 +127,28 @@
 //!
 //! # Connection loss
 //!
-//! A command that fails for a connection reason is retried on a new connection with backoff
-//! (default 10 attempts, 50 ms doubling to 2 s), then `run` returns
-//! [`StreamError::ConnectionLost`]. A read or claim whose reply was lost may still have
-//! delivered entries to this consumer, so after a reconnect every partition re-reads its own
-//! pending list first (held IDs are skipped). An unreachable server at start is an error at
-//! once ([`StreamError::Connect`]).
+//! A command that fails for a connection reason (or whose reply does not come within the
+//! command timeout) is retried on a new connection with backoff (50 ms doubling to 2 s), for
+//! ever by default, each failed attempt reported as [`Event::ConnectionFailed`]; with a finite
+//! [`ConsumerBuilder::reconnect`] `run` returns [`StreamError::ConnectionLost`] after that many.
+//! An unreachable server at start is an error at once ([`StreamError::Connect`]).
+//!
+//! A reply that did not come does not mean the command did not run: a stalled server (SIGSTOP,
+//! a long fork, a network partition) executes what it had received when it resumes, so a read
+//! the consumer gave up on may still deliver entries to it. Two rules keep a key's entries in
+//! stream order across that:
+//! - a new connection first closes the old one on the server (`CLIENT KILL ID`), so once it is
+//!   up, the old connection's command has either run or never will;
+//! - a read or claim whose reply was lost is not sent again: every partition first re-reads
+//!   this consumer's own pending list (from `0`; held IDs are skipped), which holds whatever
+//!   the lost command delivered, before it reads anything newer ([`Event::Reconnected`]).
+//!
+//! Acknowledgements, refreshes and other commands that are safe to repeat are sent again. A
+//! group found missing (the server lost its data, or the stream was deleted) is reported as
+//! [`Event::GroupLost`] and created again; entries held then are no longer pending anywhere.
+//! The integration test `order_holds_across_redis_stalls` stalls the server under a running
+//! consumer and checks every entry, the order of first processing per key and the pending
+//! lists.
 //!
 //! # Why the blocking Redis API
 //!

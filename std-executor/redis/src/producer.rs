@@ -1,8 +1,10 @@
 //! Appending entries to the partition streams.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::conn::{self, Backoff, Conn};
+use crate::conn::{self, Backoff, Conn, EventFn};
+use crate::entry::Event;
 use crate::error::StreamError;
 use crate::id::StreamId;
 use crate::partition::partition_of;
@@ -59,12 +61,14 @@ impl Producer {
             return Err(StreamError::Config("the stream name is empty".into()));
         }
         let backoff = Backoff {
-            attempts: 5,
+            attempts: None,
             first: Duration::from_millis(50),
-            max: Duration::from_secs(1),
+            max: Duration::from_secs(2),
         };
+        let on_event: Arc<EventFn> =
+            Arc::new(|e: &Event| eprintln!("keyserial_redis::Producer: {e}"));
         Ok(Producer {
-            conn: Conn::open(url, backoff, Duration::from_secs(10))?,
+            conn: Conn::open(url, backoff, Duration::from_secs(10), on_event)?,
             stream: stream.to_string(),
             partitions,
         })

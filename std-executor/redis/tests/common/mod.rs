@@ -162,3 +162,21 @@ pub fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
         thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// Sends `signal` (`STOP`, `CONT`, `KILL`, `TERM`, …) to process `pid`.
+pub fn signal(pid: u32, signal: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{signal} {pid}");
+}
+
+/// A test knob: the environment variable `name` as a number, or `default`.
+pub fn knob(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
