@@ -148,6 +148,25 @@ impl Conn {
         }
     }
 
+    /// Changes how lost connections are retried.
+    pub fn set_backoff(&mut self, backoff: Backoff) {
+        self.backoff = backoff;
+    }
+
+    /// Changes where events go.
+    pub fn set_on_event(&mut self, on_event: Arc<EventFn>) {
+        self.on_event = on_event;
+    }
+
+    /// Changes the command timeout (of this connection and the next ones).
+    pub fn set_timeout(&mut self, d: Duration) {
+        self.read_timeout = d;
+        if let Some(con) = &self.con {
+            let _ = con.set_read_timeout(Some(d));
+            let _ = con.set_write_timeout(Some(d));
+        }
+    }
+
     /// Reports `e` to the owner's event callback.
     pub fn event(&self, e: &Event) {
         (self.on_event)(e)
