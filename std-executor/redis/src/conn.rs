@@ -5,7 +5,9 @@
 //! A command that fails for a connection reason (I/O error, reset, EOF, a reply that did not
 //! come within the command timeout) drops the connection; the next attempt dials a new one
 //! after a backoff (`first`, doubling, at most `max`; `attempts` failed attempts in a row, or
-//! for ever), reporting each failed attempt as [`Event::ConnectionFailed`].
+//! for ever), reporting each failed attempt as [`Event::ConnectionFailed`]. A command the server
+//! refused without running it (`LOADING` while it reads its data after a restart, `TRYAGAIN`,
+//! `MASTERDOWN`, `CLUSTERDOWN`) waits the same way and is sent again on the same connection.
 //!
 //! A reply that did not come does not mean the command did not run: a stalled server that
 //! resumes executes what was sent before it stopped. So a new connection first closes the old
@@ -58,6 +60,15 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 fn is_connection_error(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || e.is_unrecoverable_error()
+}
+
+/// The server refused the command for now without running it (loading its data after a
+/// restart, a failover): wait and send it again on the same connection.
+fn is_busy(e: &redis::RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("LOADING" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN")
+    )
 }
 
 impl Conn {
@@ -122,6 +133,11 @@ impl Conn {
                 Some(con) => match f(con) {
                     Ok(v) => return Ok(Some(v)),
                     Err(e) if is_connection_error(&e) => e,
+                    Err(e) if is_busy(&e) => {
+                        // Not run: the same connection, the same command, after the wait.
+                        self.wait_after(&mut attempt, &mut wait, e)?;
+                        continue;
+                    }
                     Err(e) => return Err(StreamError::Redis(e)),
                 },
                 None => match self.redial() {
@@ -131,21 +147,33 @@ impl Conn {
                 },
             };
             self.con = None;
-            if self.backoff.attempts.is_some_and(|a| attempt >= a) {
-                return Err(StreamError::ConnectionLost {
-                    attempts: attempt,
-                    last: err,
-                });
-            }
-            attempt += 1;
-            (self.on_event)(&Event::ConnectionFailed {
-                attempt,
-                error: err.to_string(),
-                retry_in: wait,
-            });
-            thread::sleep(wait);
-            wait = (wait * 2).min(self.backoff.max);
+            self.wait_after(&mut attempt, &mut wait, err)?;
         }
+    }
+
+    /// After the failed attempt `attempt` (counted here): gives up past the limit, else reports
+    /// it and waits.
+    fn wait_after(
+        &self,
+        attempt: &mut u32,
+        wait: &mut Duration,
+        err: redis::RedisError,
+    ) -> Result<(), StreamError> {
+        if self.backoff.attempts.is_some_and(|a| *attempt >= a) {
+            return Err(StreamError::ConnectionLost {
+                attempts: *attempt,
+                last: err,
+            });
+        }
+        *attempt += 1;
+        (self.on_event)(&Event::ConnectionFailed {
+            attempt: *attempt,
+            error: err.to_string(),
+            retry_in: *wait,
+        });
+        thread::sleep(*wait);
+        *wait = (*wait * 2).min(self.backoff.max);
+        Ok(())
     }
 
     /// Changes how lost connections are retried.

@@ -2,6 +2,8 @@
 //! test (a missing binary fails it: `.ci/run` installs it), and small readers of its state.
 #![allow(dead_code)] // each test file uses some of these
 
+pub mod children;
+
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -30,9 +32,29 @@ impl RedisServer {
     }
 
     pub fn start_on(port: u16) -> RedisServer {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
+        Self::start_with(port, None)
+    }
+
+    /// With `aof_dir`: an append-only file there, fsynced on every write (a SIGKILL loses
+    /// nothing acknowledged); without: no persistence at all.
+    pub fn start_with(port: u16, aof_dir: Option<&std::path::Path>) -> RedisServer {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"]);
+        match aof_dir {
+            Some(dir) => cmd
+                .args([
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "always",
+                ])
+                .arg("--dir")
+                .arg(dir),
+            None => cmd.args(["--save", "", "--appendonly", "no"]),
+        };
+        let child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
