@@ -5,7 +5,7 @@
 //! cargo run --release -p keyserial-redis --example stream_consumer -- \
 //!     --redis URL --stream NAME --partitions P --group G --consumer NAME --index I --of N \
 //!     --log FILE [--work-ms MAX] [--claim-idle-ms MS] [--exit-when-idle-ms MS] \
-//!     [--max-attempts A] [--retry-ms MS] [--reconnect-attempts N]
+//!     [--max-attempts A] [--retry-ms MS] [--reconnect-attempts N] [--drain-ms MS]
 //! ```
 //!
 //! Consumer `I` of `N` owns the partitions `p` of `{NAME}:0..P` with `p % N == I`. Its handler
@@ -16,7 +16,10 @@
 //! (default 100, doubling up to 10 s), up to `--max-attempts` runs in all (default 3), then
 //! appended to the dead-letter stream `{NAME}:dead` and acknowledged. A lost Redis connection is
 //! retried for ever (one stderr line per failed attempt), or `--reconnect-attempts N` times in a
-//! row before exiting 1. With `--exit-when-idle-ms` it exits 0 once nothing was read and nothing was in
+//! row before exiting 1. SIGTERM or SIGINT stops it: it reads nothing more, lets the entries in
+//! flight finish and acknowledges them within `--drain-ms` (default 30000), prints the
+//! watermarks and stats and exits 0; past the deadline it exits 1 (one line) with the rest left
+//! pending. With `--exit-when-idle-ms` it exits 0 once nothing was read and nothing was in
 //! flight that long, printing `watermark {p} {id}` for each owned partition (`-`: nothing done)
 //! and a `stats` line. A bad argument or an unreachable server: exit status 1, one line on
 //! stderr.
@@ -27,6 +30,7 @@ use std::fs::{File, OpenOptions};
 use std::hash::BuildHasher;
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,13 +51,14 @@ struct Args {
     max_attempts: Option<u64>,
     retry_ms: Option<u64>,
     reconnect_attempts: Option<u64>,
+    drain_ms: Option<u64>,
 }
 
-const USAGE: &str = "usage: stream_consumer --redis URL --stream NAME --partitions P --group G --consumer NAME --index I --of N --log FILE [--work-ms MAX] [--claim-idle-ms MS] [--exit-when-idle-ms MS] [--max-attempts A] [--retry-ms MS] [--reconnect-attempts N]";
+const USAGE: &str = "usage: stream_consumer --redis URL --stream NAME --partitions P --group G --consumer NAME --index I --of N --log FILE [--work-ms MAX] [--claim-idle-ms MS] [--exit-when-idle-ms MS] [--max-attempts A] [--retry-ms MS] [--reconnect-attempts N] [--drain-ms MS]";
 
 fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
-    let mut v: [Option<String>; 14] = Default::default();
-    const NAMES: [&str; 14] = [
+    let mut v: [Option<String>; 15] = Default::default();
+    const NAMES: [&str; 15] = [
         "--redis",
         "--stream",
         "--partitions",
@@ -68,6 +73,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
         "--max-attempts",
         "--retry-ms",
         "--reconnect-attempts",
+        "--drain-ms",
     ];
     while let Some(a) = it.next() {
         if a == "--help" || a == "-h" {
@@ -114,6 +120,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
     let max_attempts = opt(v[11].take(), "--max-attempts")?;
     let retry_ms = opt(v[12].take(), "--retry-ms")?;
     let reconnect_attempts = opt(v[13].take(), "--reconnect-attempts")?;
+    let drain_ms = opt(v[14].take(), "--drain-ms")?;
     if reconnect_attempts.is_some_and(|a| a > u64::from(u32::MAX)) {
         return Err("--reconnect-attempts must fit 32 bits".into());
     }
@@ -153,6 +160,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
         max_attempts,
         retry_ms,
         reconnect_attempts,
+        drain_ms,
     }))
 }
 
@@ -255,6 +263,7 @@ pub fn run(argv: impl Iterator<Item = String>) -> u8 {
     if let Some(n) = args.reconnect_attempts {
         b = b.reconnect(n as u32, Duration::from_millis(50), Duration::from_secs(2));
     }
+    b = b.drain_timeout(Duration::from_millis(args.drain_ms.unwrap_or(30_000)));
     if let Some(ms) = args.claim_idle_ms {
         b = b.claim_idle(Duration::from_millis(ms));
     }
@@ -268,6 +277,22 @@ pub fn run(argv: impl Iterator<Item = String>) -> u8 {
             return 1;
         }
     };
+    // SIGTERM and SIGINT set a flag; a watcher turns it into a stop (a drain).
+    let signalled = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        if let Err(e) = signal_hook::flag::register(sig, Arc::clone(&signalled)) {
+            eprintln!("stream_consumer: cannot handle signal {sig}: {e}");
+            return 1;
+        }
+    }
+    let stopper = consumer.stopper();
+    std::thread::spawn(move || loop {
+        if signalled.load(Ordering::Relaxed) {
+            stopper.stop();
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    });
     let stats = match consumer.run() {
         Ok(s) => s,
         Err(e) => {

@@ -32,6 +32,7 @@ use crate::watermark::Watermark;
 /// | [`watermark_limit`](Self::watermark_limit) | 65,536 | IDs a partition's [`Watermark`] tracks; at the limit that partition's reads pause |
 /// | [`block`](Self::block) | 100 ms | how long an idle read waits on the server |
 /// | [`reconnect`](Self::reconnect) / [`reconnect_forever`](Self::reconnect_forever) | for ever, 50 ms doubling to 2 s | lost-connection retries (each failed one an [`Event::ConnectionFailed`]); a finite count ends `run` with [`StreamError::ConnectionLost`] |
+/// | [`drain_timeout`](Self::drain_timeout) | 30 s | how long a stopped consumer lets in-flight entries finish |
 /// | [`retry`](Self::retry) | 3 attempts, 100 ms doubling to 10 s | runs of a failing entry before it is dead-lettered |
 /// | [`dead_letter`](Self::dead_letter) | `{stream}:dead` | where entries that failed every attempt go |
 /// | [`exit_when_idle`](Self::exit_when_idle) | never | [`Consumer::run`] returns after nothing was read or in flight this long |
@@ -72,6 +73,7 @@ pub struct ConsumerBuilder {
     on_event: Option<Arc<EventFn>>,
     retry: Retry,
     dead_letter: Option<String>,
+    drain_timeout: Duration,
 }
 
 impl std::fmt::Debug for ConsumerBuilder {
@@ -220,6 +222,21 @@ impl ConsumerBuilder {
             first,
             max,
         };
+        self
+    }
+
+    /// How long a stopped consumer ([`StopHandle::stop`](crate::StopHandle::stop)) lets its
+    /// in-flight entries finish and acknowledges them (default 30 s). Past it, `run` returns
+    /// [`StreamError::DrainTimeout`] with the rest left pending; a serializer of the consumer's
+    /// own is shut down at once (entries not started, and retries waiting out a backoff, are
+    /// dropped; entries running finish on its threads, unacknowledged).
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.drain_timeout(std::time::Duration::from_secs(5));
+    /// ```
+    pub fn drain_timeout(mut self, d: Duration) -> Self {
+        self.drain_timeout = d;
         self
     }
 
@@ -422,6 +439,7 @@ impl ConsumerBuilder {
         let Some(handler) = self.handler else {
             return bad("no handler: call handler or async_handler".into());
         };
+        let own_serializer = self.serializer.is_none();
         let serializer = match self.serializer {
             Some(s) => s,
             None => {
@@ -459,6 +477,8 @@ impl ConsumerBuilder {
                 exit_when_idle: self.exit_when_idle,
                 watermark_limit: self.watermark_limit,
                 retry: self.retry,
+                drain_timeout: self.drain_timeout,
+                own_serializer,
                 dead_letter: self
                     .dead_letter
                     .unwrap_or_else(|| format!("{}:dead", self.stream)),
@@ -518,6 +538,7 @@ impl Consumer {
                 max: Duration::from_secs(10),
             },
             dead_letter: None,
+            drain_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -53,6 +53,9 @@ pub(crate) struct Settings {
     pub watermark_limit: usize,
     pub retry: Retry,
     pub dead_letter: String,
+    pub drain_timeout: Duration,
+    /// The serializer was made by the builder (not given): the consumer may shut it down.
+    pub own_serializer: bool,
 }
 
 /// Consumes the partitions it owns of a partitioned Redis stream, running each entry as a task
@@ -225,15 +228,10 @@ impl Consumer {
         let mut next_refresh = Instant::now() + self.cfg.refresh;
         let mut last_busy = Instant::now();
         loop {
-            self.collect(Duration::ZERO)?;
-            self.flush_acks()?;
-            if Instant::now() >= next_refresh {
-                self.refresh_holds()?;
-                next_refresh = Instant::now() + self.cfg.refresh;
-            }
+            self.maintain(Duration::ZERO, &mut next_refresh)?;
             self.check_epoch();
             if self.stop.load(Ordering::Acquire) {
-                return self.drain();
+                return self.drain(next_refresh);
             }
             let mut progressed = self.read_own_pending()?;
             progressed |= self.claims()?;
@@ -275,7 +273,22 @@ impl Consumer {
         true
     }
 
-    fn drain(&mut self) -> Result<ConsumerStats, StreamError> {
+    /// Takes reports (waiting up to `wait` for one), acknowledges, refreshes holds when due.
+    fn maintain(&mut self, wait: Duration, next_refresh: &mut Instant) -> Result<(), StreamError> {
+        self.collect(wait)?;
+        self.flush_acks()?;
+        if Instant::now() >= *next_refresh {
+            self.refresh_holds()?;
+            *next_refresh = Instant::now() + self.cfg.refresh;
+        }
+        Ok(())
+    }
+
+    /// Stopping: reads nothing more, lets submitted entries finish and acknowledges them until
+    /// `drain_timeout`; past it, a serializer of the consumer's own is shut down at once (tasks
+    /// not started, and retries waiting out a backoff, are dropped) and the rest stays pending.
+    fn drain(&mut self, mut next_refresh: Instant) -> Result<ConsumerStats, StreamError> {
+        let deadline = Instant::now() + self.cfg.drain_timeout;
         // Entries not submitted are let go: they stay in this name's pending list.
         for part in &mut self.parts {
             for e in part.backlog.drain(..) {
@@ -287,8 +300,19 @@ impl Consumer {
             drop(part.stalled.take());
         }
         while self.in_flight > 0 {
-            self.collect(self.tick)?;
-            self.flush_acks()?;
+            let now = Instant::now();
+            if now >= deadline {
+                if self.cfg.own_serializer {
+                    drop(self.serializer.shutdown_now());
+                    self.collect(Duration::ZERO)?;
+                }
+                // What finished meanwhile is still acknowledged.
+                self.flush_acks()?;
+                return Err(StreamError::DrainTimeout {
+                    left: self.in_flight,
+                });
+            }
+            self.maintain(self.tick.min(deadline - now), &mut next_refresh)?;
         }
         Ok(self.stats)
     }

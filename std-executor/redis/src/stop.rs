@@ -23,7 +23,11 @@ pub struct StopHandle(pub(crate) Arc<AtomicBool>);
 impl StopHandle {
     /// Asks the consumer to stop: it reads nothing more, lets submitted tasks finish and
     /// acknowledges them, leaves entries it read but had not submitted pending (this consumer
-    /// name re-reads them on restart), and `run` returns.
+    /// name re-reads them on restart), and `run` returns `Ok`; if in-flight entries do not all
+    /// finish within the drain deadline
+    /// ([`drain_timeout`](crate::ConsumerBuilder::drain_timeout), default 30 s), `run` returns
+    /// [`StreamError::DrainTimeout`](crate::StreamError::DrainTimeout) with the rest pending.
+    /// Safe to call from a signal-watching thread, any number of times.
     ///
     /// ```no_run
     /// # let c = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 1, "g", "c")

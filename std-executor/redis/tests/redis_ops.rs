@@ -212,3 +212,143 @@ fn cli_reports_a_lost_group_after_a_restart_without_persistence() {
         "the lost group was not reported: {err}"
     );
 }
+
+/// Group `g`'s pending entries of `stream` (at most 10,000; none before the group exists).
+fn pending_ids(server: &RedisServer, stream: &str) -> HashSet<StreamId> {
+    let mut con = server.con();
+    let rows: Vec<(String, String, i64, i64)> = redis::cmd("XPENDING")
+        .arg(stream)
+        .arg("g")
+        .arg("-")
+        .arg("+")
+        .arg(10_000)
+        .query(&mut con)
+        .unwrap_or_default();
+    rows.into_iter().map(|r| r.0.parse().unwrap()).collect()
+}
+
+/// SIGTERM mid-run: the CLI reads nothing more, finishes and acknowledges what it submitted,
+/// prints its stats and exits 0; nothing it logged is pending, and a restart under the same
+/// name processes exactly the rest (no entry twice), each key in stream order across both.
+#[test]
+fn cli_sigterm_drains_then_exits_0() {
+    const ENTRIES: usize = 3_000;
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = scratch("sigterm");
+    let log = dir.join("c.log");
+    let mut producer = Producer::connect(&url, "term", 2).unwrap();
+    produce(&mut producer, 0..ENTRIES, 30);
+    let c = spawn_consumer(&consumer_args(
+        &url,
+        "term",
+        2,
+        "c",
+        0,
+        1,
+        &log,
+        &["--work-ms", "40", "--exit-when-idle-ms", "2000"],
+    ));
+    wait_until(Duration::from_secs(30), "300 processed", || {
+        line_count(&log) >= 300
+    });
+    let sent = Instant::now();
+    signal(c.id(), "TERM");
+    let out = wait_output(c, Duration::from_secs(40));
+    let drained_in = sent.elapsed();
+    assert_exit_0(&out, "the drained consumer");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("stats "));
+    let first: Vec<(u32, StreamId, String)> = read_log(&log);
+    assert!(first.len() < ENTRIES, "the drain stopped nothing");
+    for p in 0..2 {
+        let pending = pending_ids(&server, &format!("term:{p}"));
+        for (q, id, _) in &first {
+            assert!(
+                !(*q == p && pending.contains(id)),
+                "{id}: logged but not acknowledged"
+            );
+        }
+    }
+    let c = spawn_consumer(&consumer_args(
+        &url,
+        "term",
+        2,
+        "c",
+        0,
+        1,
+        &log,
+        &["--exit-when-idle-ms", "1000"],
+    ));
+    assert_exit_0(
+        &wait_output(c, Duration::from_secs(40)),
+        "the restarted consumer",
+    );
+    let (stored, duplicates) = account(&server, "term", 2, std::slice::from_ref(&log));
+    assert_eq!(stored, ENTRIES);
+    assert_eq!(
+        duplicates, 0,
+        "a drained consumer leaves nothing to run twice"
+    );
+    eprintln!(
+        "SIGTERM after {} of {ENTRIES} entries: drained in {:.2} s, the restart ran the other {}",
+        first.len(),
+        drained_in.as_secs_f64(),
+        ENTRIES - first.len()
+    );
+}
+
+/// SIGTERM with entries that cannot finish within `--drain-ms`: exit 1 with one line, the rest
+/// pending; a restart processes everything (a repeat only of entries that finished after the
+/// deadline, at most the in-flight bound).
+#[test]
+fn cli_drain_deadline_exits_1_with_the_rest_pending() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = scratch("deadline");
+    let log = dir.join("c.log");
+    let mut producer = Producer::connect(&url, "dl", 1).unwrap();
+    produce(&mut producer, 0..200, 20);
+    let c = spawn_consumer(&consumer_args(
+        &url,
+        "dl",
+        1,
+        "c",
+        0,
+        1,
+        &log,
+        &["--work-ms", "3000", "--drain-ms", "300"],
+    ));
+    // Let it read and start on entries.
+    wait_until(Duration::from_secs(10), "a pending entry", || {
+        !pending_ids(&server, "dl:0").is_empty()
+    });
+    thread::sleep(Duration::from_millis(200));
+    signal(c.id(), "TERM");
+    let out = wait_output(c, Duration::from_secs(10));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("drain deadline"), "{err}");
+    assert!(
+        !pending_ids(&server, "dl:0").is_empty(),
+        "the rest stays pending"
+    );
+    let c = spawn_consumer(&consumer_args(
+        &url,
+        "dl",
+        1,
+        "c",
+        0,
+        1,
+        &log,
+        &["--exit-when-idle-ms", "500"],
+    ));
+    assert_exit_0(
+        &wait_output(c, Duration::from_secs(30)),
+        "the restarted consumer",
+    );
+    let (stored, duplicates) = account(&server, "dl", 1, std::slice::from_ref(&log));
+    assert_eq!(stored, 200);
+    assert!(duplicates <= 200);
+}
