@@ -36,7 +36,7 @@ use crate::group::Flush;
 use crate::group::Group;
 use crate::id::StreamId;
 use crate::part::{self, DeadLetter, Parsed, Part, Phase};
-use crate::stats::ConsumerStats;
+use crate::stats::{ConsumerStats, PartitionStats, StatsHandle};
 use crate::stop::StopHandle;
 use crate::stream_name;
 use crate::task::{self, Handler, Outcome, Report, Retry, Stalled};
@@ -86,6 +86,8 @@ pub struct Consumer {
     rx: Receiver<Report>,
     stop: Arc<AtomicBool>,
     stats: ConsumerStats,
+    shared_stats: StatsHandle,
+    next_lag: Instant,
     rotate: usize,
     epoch: u64,
 }
@@ -137,6 +139,8 @@ impl Consumer {
             rx,
             stop: Arc::new(AtomicBool::new(false)),
             stats: ConsumerStats::default(),
+            shared_stats: StatsHandle::default(),
+            next_lag: Instant::now(),
             rotate: 0,
             epoch: 0,
         }
@@ -178,6 +182,25 @@ impl Consumer {
     /// ```
     pub fn stats(&self) -> ConsumerStats {
         self.stats
+    }
+
+    /// A cloneable handle on this consumer's statistics, readable from any thread while
+    /// [`run`](Self::run) runs: per partition the lag, in flight, watermark, completed, retried
+    /// and dead-lettered entries, and the totals.
+    ///
+    /// ```no_run
+    /// # let mut c = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c")
+    /// #     .handler(|_| ()).build()?;
+    /// let stats = c.stats_handle();
+    /// std::thread::spawn(move || {
+    ///     std::thread::sleep(std::time::Duration::from_secs(1));
+    ///     println!("{:?}", stats.snapshot().totals);
+    /// });
+    /// c.run()?;
+    /// # Ok::<(), keyserial_redis::StreamError>(())
+    /// ```
+    pub fn stats_handle(&self) -> StatsHandle {
+        self.shared_stats.clone()
     }
 
     /// Entries read and not yet acknowledged.
@@ -251,6 +274,7 @@ impl Consumer {
                     .iter()
                     .all(|p| p.phase == Phase::Live && !p.blocked());
                 if settled && self.in_flight == 0 && last_busy.elapsed() >= idle {
+                    self.publish_final()?;
                     return Ok(self.stats);
                 }
             }
@@ -281,6 +305,33 @@ impl Consumer {
             self.refresh_holds()?;
             *next_refresh = Instant::now() + self.cfg.refresh;
         }
+        self.publish()
+    }
+
+    /// Publishes the statistics (the group's lags at most once a second).
+    fn publish(&mut self) -> Result<(), StreamError> {
+        if Instant::now() >= self.next_lag {
+            let names: Vec<&str> = self.parts.iter().map(|p| p.name.as_str()).collect();
+            let lags = self.group.lags(&names)?;
+            for (part, lag) in self.parts.iter_mut().zip(lags) {
+                part.lag = lag;
+            }
+            self.next_lag = Instant::now() + Duration::from_secs(1);
+        }
+        let parts: Vec<PartitionStats> = self
+            .parts
+            .iter()
+            .map(|p| PartitionStats {
+                partition: p.p,
+                lag: p.lag,
+                in_flight: p.held.len(),
+                watermark: self.watermark.mark(p.p).copied(),
+                completed: p.completed,
+                retried: p.retried,
+                dead_lettered: p.dead_lettered,
+            })
+            .collect();
+        self.shared_stats.publish(self.stats, &parts);
         Ok(())
     }
 
@@ -314,7 +365,14 @@ impl Consumer {
             }
             self.maintain(self.tick.min(deadline - now), &mut next_refresh)?;
         }
+        self.publish_final()?;
         Ok(self.stats)
+    }
+
+    /// The last snapshot of a `run`, with fresh lags.
+    fn publish_final(&mut self) -> Result<(), StreamError> {
+        self.next_lag = Instant::now();
+        self.publish()
     }
 
     /// Takes the tasks' reports: waits up to `wait` for the first.
@@ -350,6 +408,7 @@ impl Consumer {
                 self.stats.failed += 1;
                 self.stats.retried += 1;
                 self.stats.panicked += u64::from(panicked);
+                self.parts[part].retried += 1;
                 self.parts[part].retries.push((id, attempt + 1));
                 let p = self.parts[part].p;
                 self.event(Event::HandlerFailed {
@@ -367,6 +426,7 @@ impl Consumer {
                 outcome: Some(Outcome::Ok),
             } => {
                 self.stats.processed += 1;
+                self.parts[part].completed += 1;
                 self.parts[part].acks.push(id);
             }
             Report::Done {
@@ -457,6 +517,7 @@ impl Consumer {
             let p = part.p;
             for d in dead {
                 self.stats.dead_lettered += 1;
+                self.parts[i].dead_lettered += 1;
                 self.event(Event::DeadLettered {
                     partition: p,
                     id: d.entry.id,

@@ -313,6 +313,55 @@ impl Group {
         Ok(out)
     }
 
+    /// The group's `lag` on each of `streams` (`XINFO GROUPS`, one pipeline): `None` where
+    /// Redis does not know it.
+    pub fn lags(&mut self, streams: &[&str]) -> Result<Vec<Option<u64>>, StreamError> {
+        let mut pipe = redis::pipe();
+        for s in streams {
+            pipe.add_command(redis::cmd("XINFO").arg("GROUPS").arg(*s).clone());
+        }
+        let replies = match self.conn.query_pipe(&pipe) {
+            Ok(r) => r,
+            // A stream not there (yet): lags unknown, not an error of the consumer.
+            Err(StreamError::Redis(_)) => return Ok(vec![None; streams.len()]),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::with_capacity(streams.len());
+        for reply in replies {
+            let mut lag = None;
+            for g in conn::array(reply, "XINFO GROUPS")? {
+                let fields: Vec<(Vec<u8>, Value)> = match g {
+                    Value::Map(m) => m
+                        .into_iter()
+                        .filter_map(|(k, v)| conn::bytes(k).map(|k| (k, v)))
+                        .collect(),
+                    other => {
+                        let mut it = conn::array(other, "an XINFO group")?.into_iter();
+                        let mut f = Vec::new();
+                        while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                            if let Some(k) = conn::bytes(k) {
+                                f.push((k, v));
+                            }
+                        }
+                        f
+                    }
+                };
+                let field = |name: &[u8]| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v);
+                if field(b"name")
+                    .and_then(|v| conn::bytes(v.clone()))
+                    .as_deref()
+                    == Some(self.group.as_bytes())
+                {
+                    lag = field(b"lag")
+                        .and_then(conn::int)
+                        .and_then(|n| u64::try_from(n).ok());
+                }
+            }
+            out.push(lag);
+        }
+        Ok(out)
+    }
+
     /// Appends the dead letters to `dead_letter` (the entry's own fields, then `source_stream`,
     /// `source_id`, `error`, `attempts`), then `XACK`s everything of each stream, dead letters
     /// included: one pipelined round trip, executed in that order by the server. A connection

@@ -187,7 +187,7 @@ pub use id::{ParseIdError, StreamId};
 pub use outcome::{BoxError, HandlerResult};
 pub use partition::{murmur2, partition_of};
 pub use producer::Producer;
-pub use stats::ConsumerStats;
+pub use stats::{ConsumerStats, PartitionStats, StatsHandle, StatsSnapshot};
 pub use stop::StopHandle;
 pub use watermark::{TrackError, Watermark};
 

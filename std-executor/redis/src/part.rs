@@ -57,6 +57,12 @@ pub(crate) struct Part {
     pub claim_cursor: StreamId,
     /// When the next claim scan (or `XPENDING` check) is due.
     pub next_claim: Instant,
+    /// Counters for the statistics handle.
+    pub completed: u64,
+    pub retried: u64,
+    pub dead_lettered: u64,
+    /// The group's lag on this stream, last seen.
+    pub lag: Option<u64>,
 }
 
 impl Part {
@@ -75,6 +81,10 @@ impl Part {
             retries: Vec::new(),
             claim_cursor: StreamId::ZERO,
             next_claim: Instant::now(),
+            completed: 0,
+            retried: 0,
+            dead_lettered: 0,
+            lag: None,
         }
     }
 

@@ -341,3 +341,90 @@ fn attempt_counts_earlier_deliveries() {
     assert_eq!(dl[0].1["attempts"], "2");
     assert_eq!(pending_count(&mut con, "a:0", "g"), 0);
 }
+
+/// The statistics handle, read from another thread while `run` runs: per partition it shows
+/// lag and in-flight entries during the run, and at the end exactly the completed, retried and
+/// dead-lettered entries of each partition, the watermark at the partition's last entry, and
+/// no lag.
+#[test]
+fn stats_handle_reads_a_running_consumer() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let mut con = server.con();
+    let mut p = Producer::connect(&url, "sh", 2).unwrap();
+    // Per partition: (completed, retried, dead-lettered) expected.
+    let mut want: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
+    let mut last: BTreeMap<u32, StreamId> = BTreeMap::new();
+    for i in 0..2000u32 {
+        let key = format!("k{}", i % 40);
+        let data = match i % 100 {
+            0 => "err:1",
+            50 => "err:9",
+            _ => "ok",
+        };
+        let id = p.send(key.as_bytes(), data.as_bytes()).unwrap();
+        let part = keyserial_redis::partition_of(key.as_bytes(), 2);
+        last.insert(part, id);
+        let w = want.entry(part).or_default();
+        match data {
+            "ok" => w.0 += 1,
+            "err:1" => {
+                w.0 += 1;
+                w.1 += 1;
+            }
+            _ => {
+                w.1 += 1;
+                w.2 += 1;
+            }
+        }
+    }
+    let mut c = Consumer::builder(&url, "sh", 2, "g", "c")
+        .workers(4)
+        .max_in_flight(64)
+        .retry(2, Duration::from_millis(5), Duration::from_millis(5))
+        .exit_when_idle(Duration::from_millis(300))
+        .on_event(|_| ())
+        .handler(|e: &Entry| {
+            thread::sleep(Duration::from_micros(300));
+            decide(e)
+        })
+        .build()
+        .unwrap();
+    let handle = c.stats_handle();
+    let watching = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let w2 = Arc::clone(&watching);
+    let h2 = handle.clone();
+    let watcher = thread::spawn(move || {
+        let (mut saw_lag, mut saw_in_flight, mut snapshots) = (false, false, 0);
+        while w2.load(std::sync::atomic::Ordering::Relaxed) {
+            let s = h2.snapshot();
+            saw_lag |= s.partitions.iter().any(|p| p.lag.is_some_and(|l| l > 0));
+            saw_in_flight |= s.partitions.iter().any(|p| p.in_flight > 0);
+            snapshots += 1;
+            thread::sleep(Duration::from_millis(1));
+        }
+        (saw_lag, saw_in_flight, snapshots)
+    });
+    let stats = c.run().unwrap();
+    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    let (saw_lag, saw_in_flight, snapshots) = watcher.join().unwrap();
+    assert!(snapshots > 10);
+    assert!(saw_in_flight, "no snapshot showed entries in flight");
+    assert!(saw_lag, "no snapshot showed the group behind the stream");
+    let end = handle.snapshot();
+    assert_eq!(end.totals, stats);
+    assert_eq!(end.partitions.len(), 2);
+    for ps in &end.partitions {
+        let w = want[&ps.partition];
+        assert_eq!(
+            (ps.completed, ps.retried, ps.dead_lettered),
+            w,
+            "partition {}",
+            ps.partition
+        );
+        assert_eq!(ps.in_flight, 0);
+        assert_eq!(ps.watermark, Some(last[&ps.partition]));
+        assert_eq!(ps.lag, Some(0));
+    }
+    assert_eq!(pending_count(&mut con, "sh:0", "g"), 0);
+}
