@@ -26,6 +26,7 @@ use crate::watermark::Watermark;
 /// |---|---|---|
 /// | [`index`](Self::index) | 0 of 1 | consumer `i` of `n` owns the partitions `p` with `p % n == i` |
 /// | [`max_in_flight`](Self::max_in_flight) | 1,024 | entries read and not yet acknowledged, at most (the duplicates a crash can cause) |
+/// | [`max_in_flight_bytes`](Self::max_in_flight_bytes) | 64 MiB | bytes of entries in flight, at most (plus one unusually large entry per partition) |
 /// | [`batch`](Self::batch) | 256 | `COUNT` of one read, per partition |
 /// | [`claim_idle`](Self::claim_idle) | 30 s | pending entries of other consumer names idle this long are taken over |
 /// | [`refresh_every`](Self::refresh_every) | `claim_idle / 4` | how often held entries' idle time is reset |
@@ -59,6 +60,7 @@ pub struct ConsumerBuilder {
     index: u32,
     of: u32,
     max_in_flight: usize,
+    max_in_flight_bytes: usize,
     batch: usize,
     claim_idle: Duration,
     refresh: Option<Duration>,
@@ -111,6 +113,20 @@ impl ConsumerBuilder {
     /// ```
     pub fn max_in_flight(mut self, n: usize) -> Self {
         self.max_in_flight = n;
+        self
+    }
+
+    /// The most bytes of entries read and not yet acknowledged (default 64 MiB; at least 1): an
+    /// entry counts its fields' bytes plus 64. Reads shrink as the bytes in flight near the
+    /// limit (sized by the largest recent entry) and stop at it, so in flight stays below the
+    /// limit plus at most one unusually large entry per partition read at once.
+    ///
+    /// ```no_run
+    /// # let b = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c1");
+    /// let b = b.max_in_flight_bytes(16 << 20);
+    /// ```
+    pub fn max_in_flight_bytes(mut self, n: usize) -> Self {
+        self.max_in_flight_bytes = n;
         self
     }
 
@@ -411,8 +427,15 @@ impl ConsumerBuilder {
         if self.stream.is_empty() || self.group.is_empty() || self.name.is_empty() {
             return bad("the stream, group and consumer names must not be empty".into());
         }
-        if self.max_in_flight == 0 || self.batch == 0 || self.watermark_limit == 0 {
-            return bad("max_in_flight, batch and watermark_limit must be at least 1".into());
+        if self.max_in_flight == 0
+            || self.max_in_flight_bytes == 0
+            || self.batch == 0
+            || self.watermark_limit == 0
+        {
+            return bad(
+                "max_in_flight, max_in_flight_bytes, batch and watermark_limit must be at least 1"
+                    .into(),
+            );
         }
         let refresh = self.refresh.unwrap_or(self.claim_idle / 4);
         if self.claim_idle < Duration::from_millis(1) || refresh < Duration::from_millis(1) {
@@ -470,6 +493,7 @@ impl ConsumerBuilder {
         Ok(Consumer::start(
             Settings {
                 max_in_flight: self.max_in_flight,
+                max_in_flight_bytes: self.max_in_flight_bytes,
                 batch: self.batch,
                 claim_idle: self.claim_idle,
                 refresh,
@@ -516,6 +540,7 @@ impl Consumer {
             index: 0,
             of: 1,
             max_in_flight: 1024,
+            max_in_flight_bytes: 64 << 20,
             batch: 256,
             claim_idle: Duration::from_secs(30),
             refresh: None,

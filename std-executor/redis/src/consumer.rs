@@ -18,7 +18,8 @@
 //!    `BLOCK`ing only when nothing is in flight.
 //!
 //! An entry is *in flight* from the read that delivered it to the `XACK` that succeeded; reads
-//! ask for at most `max_in_flight` minus that, and for at most the partition's watermark room.
+//! ask for at most what the in-flight budget (`budget.rs`: entries and bytes) and the
+//! partition's watermark room allow.
 //! The partition state is `part.rs`'s, the Redis commands `group.rs`'s, the tasks `task.rs`'s.
 
 use std::collections::HashMap;
@@ -29,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use keyserial::{RejectReason, Serializer};
 
+use crate::budget::{self, Budget};
 use crate::conn::{EventFn, RawEntry};
 use crate::entry::Event;
 use crate::error::StreamError;
@@ -45,6 +47,7 @@ use crate::watermark::Watermark;
 /// The loop's settings, checked by the builder.
 pub(crate) struct Settings {
     pub max_in_flight: usize,
+    pub max_in_flight_bytes: usize,
     pub batch: usize,
     pub claim_idle: Duration,
     pub refresh: Duration,
@@ -81,7 +84,7 @@ pub struct Consumer {
     parts: Vec<Part>,
     by_name: HashMap<Vec<u8>, usize>,
     watermark: Watermark<StreamId>,
-    in_flight: usize,
+    budget: Budget,
     tx: Sender<Report>,
     rx: Receiver<Report>,
     stop: Arc<AtomicBool>,
@@ -98,7 +101,7 @@ impl std::fmt::Debug for Consumer {
             .field("group", &self.group.group)
             .field("name", &self.group.name)
             .field("partitions", &self.owned())
-            .field("in_flight", &self.in_flight)
+            .field("in_flight", &self.budget.entries())
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
@@ -124,6 +127,7 @@ impl Consumer {
         }
         let (tx, rx) = mpsc::channel();
         let tick = cfg.block.min(cfg.refresh / 2).max(Duration::from_millis(1));
+        let budget = Budget::new(cfg.max_in_flight, cfg.max_in_flight_bytes);
         Consumer {
             group,
             tick,
@@ -134,7 +138,7 @@ impl Consumer {
             by_name,
             watermark: Watermark::new(cfg.watermark_limit),
             cfg,
-            in_flight: 0,
+            budget,
             tx,
             rx,
             stop: Arc::new(AtomicBool::new(false)),
@@ -212,7 +216,7 @@ impl Consumer {
     /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn in_flight(&self) -> usize {
-        self.in_flight
+        self.budget.entries()
     }
 
     /// A handle that stops [`run`](Self::run) from another thread.
@@ -259,12 +263,12 @@ impl Consumer {
             let mut progressed = self.read_own_pending()?;
             progressed |= self.claims()?;
             progressed |= self.submit_backlogs()?;
-            let quiet = !progressed && self.in_flight == 0;
+            let quiet = !progressed && self.budget.entries() == 0;
             progressed |= self.read_new(quiet)?;
-            if self.in_flight > 0 || progressed {
+            if self.budget.entries() > 0 || progressed {
                 last_busy = Instant::now();
             }
-            if !progressed && self.in_flight > 0 {
+            if !progressed && self.budget.entries() > 0 {
                 // Wait for a task to complete (never longer than a tick: refreshes are due).
                 self.collect(self.tick.min(Duration::from_millis(10)))?;
             }
@@ -273,7 +277,7 @@ impl Consumer {
                     .parts
                     .iter()
                     .all(|p| p.phase == Phase::Live && !p.blocked());
-                if settled && self.in_flight == 0 && last_busy.elapsed() >= idle {
+                if settled && self.budget.entries() == 0 && last_busy.elapsed() >= idle {
                     self.publish_final()?;
                     return Ok(self.stats);
                 }
@@ -325,6 +329,7 @@ impl Consumer {
                 partition: p.p,
                 lag: p.lag,
                 in_flight: p.held.len(),
+                in_flight_bytes: p.held.values().sum(),
                 watermark: self.watermark.mark(p.p).copied(),
                 completed: p.completed,
                 retried: p.retried,
@@ -343,14 +348,14 @@ impl Consumer {
         // Entries not submitted are let go: they stay in this name's pending list.
         for part in &mut self.parts {
             for e in part.backlog.drain(..) {
-                if part.held.remove(&e.id) {
-                    self.in_flight -= 1;
+                if let Some(size) = part.held.remove(&e.id) {
+                    self.budget.give(size);
                 }
             }
             // The refused head task: dropping it reports it through its guard as not run.
             drop(part.stalled.take());
         }
-        while self.in_flight > 0 {
+        while self.budget.entries() > 0 {
             let now = Instant::now();
             if now >= deadline {
                 if self.cfg.own_serializer {
@@ -360,7 +365,7 @@ impl Consumer {
                 // What finished meanwhile is still acknowledged.
                 self.flush_acks()?;
                 return Err(StreamError::DrainTimeout {
-                    left: self.in_flight,
+                    left: self.budget.entries(),
                 });
             }
             self.maintain(self.tick.min(deadline - now), &mut next_refresh)?;
@@ -459,8 +464,8 @@ impl Consumer {
                 outcome: None,
             } => {
                 // Not finished: not acknowledged; it stays pending for a later delivery.
-                if self.parts[part].held.remove(&id) {
-                    self.in_flight -= 1;
+                if let Some(size) = self.parts[part].held.remove(&id) {
+                    self.budget.give(size);
                 }
             }
         }
@@ -508,8 +513,8 @@ impl Consumer {
                 .chain(dead.iter().map(|d| d.entry.id))
                 .collect();
             for id in done {
-                if part.held.remove(&id) {
-                    self.in_flight -= 1;
+                if let Some(size) = part.held.remove(&id) {
+                    self.budget.give(size);
                 }
                 self.watermark.complete(part.p, &id);
                 self.stats.acked += 1;
@@ -533,7 +538,7 @@ impl Consumer {
     /// other consumer's `XAUTOCLAIM` (which needs `claim_idle` of idleness) takes it.
     fn refresh_holds(&mut self) -> Result<(), StreamError> {
         for i in 0..self.parts.len() {
-            let ids: Vec<StreamId> = self.parts[i].held.iter().copied().collect();
+            let ids: Vec<StreamId> = self.parts[i].held.keys().copied().collect();
             if ids.is_empty() {
                 continue;
             }
@@ -546,14 +551,10 @@ impl Consumer {
         Ok(())
     }
 
-    fn room(&self) -> usize {
-        self.cfg.max_in_flight.saturating_sub(self.in_flight)
-    }
-
     /// How many entries partition `i` may read now.
     fn count_for(&self, i: usize) -> usize {
-        self.room()
-            .min(self.cfg.batch)
+        self.budget
+            .per_stream(1, self.cfg.batch)
             .min(self.watermark.room(self.parts[i].p))
     }
 
@@ -562,11 +563,14 @@ impl Consumer {
     fn admit(&mut self, i: usize, raw: RawEntry, attempt: u32) -> bool {
         let part = &mut self.parts[i];
         let id = raw.id;
-        if !part.held.insert(id) {
+        if part.held.contains_key(&id) {
             // Already ours (a re-read after a reconnect, or our own entry in a claim scan).
             return false;
         }
-        self.in_flight += 1;
+        let size = budget::entry_size(raw.fields.as_deref());
+        part.held.insert(id, size);
+        self.budget.take(size);
+        self.stats.peak_in_flight_bytes = self.budget.peak_bytes() as u64;
         self.stats.read += 1;
         // Below the mark: an old entry delivered again; it runs, untracked (the mark stays).
         let _ = self.watermark.track(part.p, id);
@@ -601,7 +605,7 @@ impl Consumer {
         let fresh: Vec<StreamId> = es
             .iter()
             .map(|e| e.id)
-            .filter(|id| !part.held.contains(id))
+            .filter(|id| !part.held.contains_key(id))
             .collect();
         let (Some(&first), Some(&last)) = (fresh.first(), fresh.last()) else {
             return Ok(HashMap::new());
@@ -761,8 +765,8 @@ impl Consumer {
         if self.check_epoch() {
             return Ok(true);
         }
-        let room = self.room();
-        if room == 0 {
+        let room = self.budget.entry_room();
+        if self.budget.per_stream(1, self.cfg.batch) == 0 {
             return Ok(false);
         }
         let n = self.parts.len();
@@ -781,7 +785,7 @@ impl Consumer {
         if chosen.is_empty() {
             return Ok(false);
         }
-        let mut count = (room / chosen.len()).min(self.cfg.batch).max(1);
+        let mut count = self.budget.per_stream(chosen.len(), self.cfg.batch);
         for &i in &chosen {
             count = count.min(self.watermark.room(self.parts[i].p));
         }

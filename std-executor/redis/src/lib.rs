@@ -120,10 +120,22 @@
 //! # Backpressure and bounds
 //!
 //! Nothing is buffered without bound: an entry is in flight from its read to its `XACK`, and
-//! reads ask for at most `max_in_flight` minus what is in flight. Entries the serializer refuses
+//! reads ask for at most `max_in_flight` minus what is in flight, and for no more bytes than
+//! [`max_in_flight_bytes`](ConsumerBuilder::max_in_flight_bytes) (default 64 MiB) minus the
+//! bytes in flight, sized by the largest recent entry (the bound is exceeded by at most one
+//! unusually large entry per partition read at once). Entries the serializer refuses
 //! (its `capacity`; the consumer's own serializer has capacity `max_in_flight`) wait in the
 //! consumer in order and stop that partition's reads. A partition whose [`Watermark`] is at its
 //! limit (one slow entry and many done after it) is not read until the mark moves.
+//!
+//! # Stopping and watching
+//!
+//! [`StopHandle::stop`] (the CLI: SIGTERM or SIGINT) stops reading, lets the entries in flight
+//! finish and acknowledges them within the drain deadline
+//! ([`drain_timeout`](ConsumerBuilder::drain_timeout)), else `run` returns
+//! [`StreamError::DrainTimeout`] with the rest pending. [`Consumer::stats_handle`] is readable
+//! from any thread while `run` runs: per partition the lag behind the stream, the entries in
+//! flight, the watermark, and the completed, retried and dead-lettered entries.
 //!
 //! # Connection loss
 //!
@@ -162,6 +174,7 @@
 
 #![deny(missing_docs)]
 
+mod budget;
 mod builder;
 mod conn;
 mod consumer;

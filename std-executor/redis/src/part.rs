@@ -16,7 +16,7 @@
 //! its last attempt waits in `dead` until it is appended to the dead-letter stream, and is
 //! acknowledged in the same pipeline, after the append.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 use crate::conn::RawEntry;
@@ -45,8 +45,9 @@ pub(crate) struct Part {
     pub backlog: VecDeque<Entry>,
     /// The head of the backlog, built and refused by the serializer.
     pub stalled: Option<Stalled>,
-    /// Held: read and not yet acknowledged (backlog, submitted, completed-not-acked).
-    pub held: BTreeSet<StreamId>,
+    /// Held: read and not yet acknowledged (backlog, submitted, completed-not-acked), with the
+    /// size each counts for in the in-flight budget.
+    pub held: BTreeMap<StreamId, usize>,
     /// Completed (or not to be run), to `XACK`.
     pub acks: Vec<StreamId>,
     /// Failed their last attempt: to append to the dead-letter stream, then `XACK`.
@@ -75,7 +76,7 @@ impl Part {
             },
             backlog: VecDeque::new(),
             stalled: None,
-            held: BTreeSet::new(),
+            held: BTreeMap::new(),
             acks: Vec::new(),
             dead: Vec::new(),
             retries: Vec::new(),

@@ -30,6 +30,9 @@ pub struct ConsumerStats {
     pub dead_lettered: u64,
     /// Held entries found claimed by another consumer at a refresh.
     pub lost: u64,
+    /// The most bytes ever in flight (see
+    /// [`max_in_flight_bytes`](crate::ConsumerBuilder::max_in_flight_bytes)).
+    pub peak_in_flight_bytes: u64,
 }
 
 /// One owned partition's figures in a [`StatsSnapshot`].
@@ -48,6 +51,8 @@ pub struct PartitionStats {
     pub lag: Option<u64>,
     /// Entries read and not yet acknowledged.
     pub in_flight: usize,
+    /// Their size, as the in-flight byte bound counts it (fields plus 64 bytes each).
+    pub in_flight_bytes: usize,
     /// The highest ID with every earlier entry of this consumer done ([`Watermark::mark`](crate::Watermark::mark)).
     pub watermark: Option<crate::StreamId>,
     /// Entries acknowledged after they succeeded.

@@ -428,3 +428,48 @@ fn stats_handle_reads_a_running_consumer() {
     }
     assert_eq!(pending_count(&mut con, "sh:0", "g"), 0);
 }
+
+/// Runs 40 entries of 1 MB over 2 partitions with a slow handler; returns the consumer's peak
+/// bytes in flight.
+fn big_entries_peak(limit: Option<usize>) -> u64 {
+    let server = RedisServer::start();
+    let url = server.url();
+    let mut p = Producer::connect(&url, "big", 2).unwrap();
+    let data = vec![b'x'; 1 << 20];
+    for i in 0..40 {
+        p.send(format!("k{i}").as_bytes(), &data).unwrap();
+    }
+    let mut b = Consumer::builder(&url, "big", 2, "g", "c")
+        .workers(8)
+        .exit_when_idle(Duration::from_millis(300))
+        .handler(|e: &Entry| {
+            assert_eq!(e.data.len(), 1 << 20);
+            thread::sleep(Duration::from_millis(20));
+        });
+    if let Some(n) = limit {
+        b = b.max_in_flight_bytes(n);
+    }
+    let stats = b.build().unwrap().run().unwrap();
+    assert_eq!(stats.acked, 40);
+    stats.peak_in_flight_bytes
+}
+
+/// In flight is bounded in bytes: with a 4 MiB limit, 1 MB entries are read a few at a time
+/// (the peak stays under the limit plus one entry per partition); without it, all at once.
+#[test]
+fn in_flight_is_bounded_in_bytes() {
+    let entry = (1 << 20) + 64 + 3 + 4 + 3; // data, overhead, "key", "data", the key
+    let bounded = big_entries_peak(Some(4 << 20));
+    assert!(
+        bounded <= (4 << 20) + 2 * entry as u64,
+        "peak {bounded} bytes in flight, limit 4 MiB"
+    );
+    let unbounded = big_entries_peak(None);
+    assert!(
+        unbounded > 8 << 20,
+        "the control read only {unbounded} bytes at once"
+    );
+    eprintln!(
+        "peak in flight: {bounded} bytes with a 4 MiB limit, {unbounded} with the default 64 MiB"
+    );
+}
