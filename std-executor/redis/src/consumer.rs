@@ -30,18 +30,18 @@ use std::time::{Duration, Instant};
 
 use keyserial::{RejectReason, Serializer};
 
-use crate::budget::{self, Budget};
+use crate::budget::Budget;
 use crate::conn::{EventFn, RawEntry};
 use crate::entry::Event;
 use crate::error::StreamError;
-use crate::group::Flush;
 use crate::group::Group;
 use crate::id::StreamId;
-use crate::part::{self, DeadLetter, Parsed, Part, Phase};
-use crate::stats::{ConsumerStats, PartitionStats, StatsHandle};
+use crate::ledger::Ledger;
+use crate::part::{Part, Phase};
+use crate::stats::{ConsumerStats, StatsHandle};
 use crate::stop::StopHandle;
 use crate::stream_name;
-use crate::task::{self, Handler, Outcome, Report, Retry, Stalled};
+use crate::task::{self, Handler, Report, Retry, Stalled};
 use crate::watermark::Watermark;
 
 /// The loop's settings, checked by the builder.
@@ -80,15 +80,11 @@ pub struct Consumer {
     tick: Duration,
     serializer: Arc<Serializer<Vec<u8>>>,
     handler: Handler,
-    on_event: Arc<EventFn>,
-    parts: Vec<Part>,
+    led: Ledger,
     by_name: HashMap<Vec<u8>, usize>,
-    watermark: Watermark<StreamId>,
-    budget: Budget,
     tx: Sender<Report>,
     rx: Receiver<Report>,
     stop: Arc<AtomicBool>,
-    stats: ConsumerStats,
     shared_stats: StatsHandle,
     next_lag: Instant,
     rotate: usize,
@@ -101,8 +97,8 @@ impl std::fmt::Debug for Consumer {
             .field("group", &self.group.group)
             .field("name", &self.group.name)
             .field("partitions", &self.owned())
-            .field("in_flight", &self.budget.entries())
-            .field("stats", &self.stats)
+            .field("in_flight", &self.led.budget.entries())
+            .field("stats", &self.led.stats)
             .finish_non_exhaustive()
     }
 }
@@ -127,22 +123,24 @@ impl Consumer {
         }
         let (tx, rx) = mpsc::channel();
         let tick = cfg.block.min(cfg.refresh / 2).max(Duration::from_millis(1));
-        let budget = Budget::new(cfg.max_in_flight, cfg.max_in_flight_bytes);
+        let led = Ledger::new(
+            parts,
+            Budget::new(cfg.max_in_flight, cfg.max_in_flight_bytes),
+            Watermark::new(cfg.watermark_limit),
+            on_event,
+            cfg.dead_letter.clone(),
+        );
         Consumer {
             group,
             tick,
             serializer,
             handler,
-            on_event,
-            parts,
+            led,
             by_name,
-            watermark: Watermark::new(cfg.watermark_limit),
             cfg,
-            budget,
             tx,
             rx,
             stop: Arc::new(AtomicBool::new(false)),
-            stats: ConsumerStats::default(),
             shared_stats: StatsHandle::default(),
             next_lag: Instant::now(),
             rotate: 0,
@@ -159,7 +157,7 @@ impl Consumer {
     /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn owned(&self) -> Vec<u32> {
-        self.parts.iter().map(|p| p.p).collect()
+        self.led.parts.iter().map(|p| p.p).collect()
     }
 
     /// The completion watermark of the owned partitions.
@@ -173,7 +171,7 @@ impl Consumer {
     /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn watermark(&self) -> &Watermark<StreamId> {
-        &self.watermark
+        &self.led.watermark
     }
 
     /// Counts of what the consumer did.
@@ -185,7 +183,7 @@ impl Consumer {
     /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn stats(&self) -> ConsumerStats {
-        self.stats
+        self.led.stats
     }
 
     /// A cloneable handle on this consumer's statistics, readable from any thread while
@@ -216,7 +214,7 @@ impl Consumer {
     /// # Ok::<(), keyserial_redis::StreamError>(())
     /// ```
     pub fn in_flight(&self) -> usize {
-        self.budget.entries()
+        self.led.budget.entries()
     }
 
     /// A handle that stops [`run`](Self::run) from another thread.
@@ -232,7 +230,7 @@ impl Consumer {
     }
 
     fn event(&self, e: Event) {
-        (self.on_event)(&e)
+        self.led.event(e)
     }
 
     /// Consumes until stopped ([`stopper`](Self::stopper)), idle for
@@ -263,23 +261,24 @@ impl Consumer {
             let mut progressed = self.read_own_pending()?;
             progressed |= self.claims()?;
             progressed |= self.submit_backlogs()?;
-            let quiet = !progressed && self.budget.entries() == 0;
+            let quiet = !progressed && self.led.budget.entries() == 0;
             progressed |= self.read_new(quiet)?;
-            if self.budget.entries() > 0 || progressed {
+            if self.led.budget.entries() > 0 || progressed {
                 last_busy = Instant::now();
             }
-            if !progressed && self.budget.entries() > 0 {
+            if !progressed && self.led.budget.entries() > 0 {
                 // Wait for a task to complete (never longer than a tick: refreshes are due).
                 self.collect(self.tick.min(Duration::from_millis(10)))?;
             }
             if let Some(idle) = self.cfg.exit_when_idle {
                 let settled = self
+                    .led
                     .parts
                     .iter()
                     .all(|p| p.phase == Phase::Live && !p.blocked());
-                if settled && self.budget.entries() == 0 && last_busy.elapsed() >= idle {
+                if settled && self.led.budget.entries() == 0 && last_busy.elapsed() >= idle {
                     self.publish_final()?;
-                    return Ok(self.stats);
+                    return Ok(self.led.stats);
                 }
             }
         }
@@ -294,7 +293,7 @@ impl Consumer {
             return false;
         }
         self.epoch = self.group.conn.epoch;
-        for part in &mut self.parts {
+        for part in &mut self.led.parts {
             part.reread_own();
         }
         self.event(Event::Reconnected);
@@ -304,9 +303,9 @@ impl Consumer {
     /// Takes reports (waiting up to `wait` for one), acknowledges, refreshes holds when due.
     fn maintain(&mut self, wait: Duration, next_refresh: &mut Instant) -> Result<(), StreamError> {
         self.collect(wait)?;
-        self.flush_acks()?;
+        self.led.flush_acks(&mut self.group)?;
         if Instant::now() >= *next_refresh {
-            self.refresh_holds()?;
+            self.led.refresh_holds(&mut self.group)?;
             *next_refresh = Instant::now() + self.cfg.refresh;
         }
         self.publish()
@@ -315,28 +314,15 @@ impl Consumer {
     /// Publishes the statistics (the group's lags at most once a second).
     fn publish(&mut self) -> Result<(), StreamError> {
         if Instant::now() >= self.next_lag {
-            let names: Vec<&str> = self.parts.iter().map(|p| p.name.as_str()).collect();
+            let names: Vec<&str> = self.led.parts.iter().map(|p| p.name.as_str()).collect();
             let lags = self.group.lags(&names)?;
-            for (part, lag) in self.parts.iter_mut().zip(lags) {
+            for (part, lag) in self.led.parts.iter_mut().zip(lags) {
                 part.lag = lag;
             }
             self.next_lag = Instant::now() + Duration::from_secs(1);
         }
-        let parts: Vec<PartitionStats> = self
-            .parts
-            .iter()
-            .map(|p| PartitionStats {
-                partition: p.p,
-                lag: p.lag,
-                in_flight: p.held.len(),
-                in_flight_bytes: p.held.values().sum(),
-                watermark: self.watermark.mark(p.p).copied(),
-                completed: p.completed,
-                retried: p.retried,
-                dead_lettered: p.dead_lettered,
-            })
-            .collect();
-        self.shared_stats.publish(self.stats, &parts);
+        let parts = self.led.partition_stats();
+        self.shared_stats.publish(self.led.stats, &parts);
         Ok(())
     }
 
@@ -346,16 +332,16 @@ impl Consumer {
     fn drain(&mut self, mut next_refresh: Instant) -> Result<ConsumerStats, StreamError> {
         let deadline = Instant::now() + self.cfg.drain_timeout;
         // Entries not submitted are let go: they stay in this name's pending list.
-        for part in &mut self.parts {
+        for part in &mut self.led.parts {
             for e in part.backlog.drain(..) {
                 if let Some(size) = part.held.remove(&e.id) {
-                    self.budget.give(size);
+                    self.led.budget.give(size);
                 }
             }
             // The refused head task: dropping it reports it through its guard as not run.
             drop(part.stalled.take());
         }
-        while self.budget.entries() > 0 {
+        while self.led.budget.entries() > 0 {
             let now = Instant::now();
             if now >= deadline {
                 if self.cfg.own_serializer {
@@ -363,15 +349,15 @@ impl Consumer {
                     self.collect(Duration::ZERO)?;
                 }
                 // What finished meanwhile is still acknowledged.
-                self.flush_acks()?;
+                self.led.flush_acks(&mut self.group)?;
                 return Err(StreamError::DrainTimeout {
-                    left: self.budget.entries(),
+                    left: self.led.budget.entries(),
                 });
             }
             self.maintain(self.tick.min(deadline - now), &mut next_refresh)?;
         }
         self.publish_final()?;
-        Ok(self.stats)
+        Ok(self.led.stats)
     }
 
     /// The last snapshot of a `run`, with fresh lags.
@@ -394,204 +380,18 @@ impl Consumer {
         };
         let mut next = first;
         while let Some(report) = next {
-            self.take_report(report);
+            self.led.take_report(report);
             next = self.rx.try_recv().ok();
-        }
-        Ok(())
-    }
-
-    fn take_report(&mut self, report: Report) {
-        match report {
-            Report::Retrying {
-                part,
-                id,
-                key,
-                attempt,
-                error,
-                panicked,
-            } => {
-                self.stats.failed += 1;
-                self.stats.retried += 1;
-                self.stats.panicked += u64::from(panicked);
-                self.parts[part].retried += 1;
-                self.parts[part].retries.push((id, attempt + 1));
-                let p = self.parts[part].p;
-                self.event(Event::HandlerFailed {
-                    partition: p,
-                    id,
-                    key,
-                    attempt,
-                    error,
-                    retry: true,
-                });
-            }
-            Report::Done {
-                part,
-                id,
-                outcome: Some(Outcome::Ok),
-            } => {
-                self.stats.processed += 1;
-                self.parts[part].completed += 1;
-                self.parts[part].acks.push(id);
-            }
-            Report::Done {
-                part,
-                id,
-                outcome:
-                    Some(Outcome::Failed {
-                        entry,
-                        error,
-                        panicked,
-                    }),
-            } => {
-                self.stats.processed += 1;
-                self.stats.failed += 1;
-                self.stats.panicked += u64::from(panicked);
-                let p = self.parts[part].p;
-                self.event(Event::HandlerFailed {
-                    partition: p,
-                    id,
-                    key: entry.key.clone(),
-                    attempt: entry.attempt(),
-                    error: error.clone(),
-                    retry: false,
-                });
-                self.parts[part].dead.push(DeadLetter { entry, error });
-            }
-            Report::Done {
-                part,
-                id,
-                outcome: None,
-            } => {
-                // Not finished: not acknowledged; it stays pending for a later delivery.
-                if let Some(size) = self.parts[part].held.remove(&id) {
-                    self.budget.give(size);
-                }
-            }
-        }
-    }
-
-    /// Records the retries' attempt numbers, then appends the dead letters and `XACK`s every
-    /// finished entry (one pipelined round trip); only then are they done in the watermark and
-    /// no longer in flight.
-    fn flush_acks(&mut self) -> Result<(), StreamError> {
-        for i in 0..self.parts.len() {
-            if self.parts[i].retries.is_empty() {
-                continue;
-            }
-            let retries = std::mem::take(&mut self.parts[i].retries);
-            for id in self.group.set_attempts(&self.parts[i].name, &retries)? {
-                self.stats.lost += 1;
-                let p = self.parts[i].p;
-                self.event(Event::Lost { partition: p, id });
-            }
-        }
-        if self
-            .parts
-            .iter()
-            .all(|p| p.acks.is_empty() && p.dead.is_empty())
-        {
-            return Ok(());
-        }
-        let flush: Vec<Flush<'_>> = self
-            .parts
-            .iter()
-            .filter(|p| !p.acks.is_empty() || !p.dead.is_empty())
-            .map(|p| Flush {
-                stream: &p.name,
-                acks: &p.acks,
-                dead: &p.dead,
-            })
-            .collect();
-        self.group.flush(&self.cfg.dead_letter, &flush)?;
-        for i in 0..self.parts.len() {
-            let part = &mut self.parts[i];
-            let dead = std::mem::take(&mut part.dead);
-            let done: Vec<StreamId> = part
-                .acks
-                .drain(..)
-                .chain(dead.iter().map(|d| d.entry.id))
-                .collect();
-            for id in done {
-                if let Some(size) = part.held.remove(&id) {
-                    self.budget.give(size);
-                }
-                self.watermark.complete(part.p, &id);
-                self.stats.acked += 1;
-            }
-            let p = part.p;
-            for d in dead {
-                self.stats.dead_lettered += 1;
-                self.parts[i].dead_lettered += 1;
-                self.event(Event::DeadLettered {
-                    partition: p,
-                    id: d.entry.id,
-                    stream: self.cfg.dead_letter.clone(),
-                    attempts: d.entry.attempt(),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Resets the idle time of every held entry still in this consumer's pending list, so no
-    /// other consumer's `XAUTOCLAIM` (which needs `claim_idle` of idleness) takes it.
-    fn refresh_holds(&mut self) -> Result<(), StreamError> {
-        for i in 0..self.parts.len() {
-            let ids: Vec<StreamId> = self.parts[i].held.keys().copied().collect();
-            if ids.is_empty() {
-                continue;
-            }
-            for id in self.group.refresh(&self.parts[i].name, &ids)? {
-                self.stats.lost += 1;
-                let p = self.parts[i].p;
-                self.event(Event::Lost { partition: p, id });
-            }
         }
         Ok(())
     }
 
     /// How many entries partition `i` may read now.
     fn count_for(&self, i: usize) -> usize {
-        self.budget
+        self.led
+            .budget
             .per_stream(1, self.cfg.batch)
-            .min(self.watermark.room(self.parts[i].p))
-    }
-
-    /// Takes one delivered entry into the consumer: held, tracked, and either queued for its
-    /// handler or (no key, deleted) acknowledged at once. False if it was held already.
-    fn admit(&mut self, i: usize, raw: RawEntry, attempt: u32) -> bool {
-        let part = &mut self.parts[i];
-        let id = raw.id;
-        if part.held.contains_key(&id) {
-            // Already ours (a re-read after a reconnect, or our own entry in a claim scan).
-            return false;
-        }
-        let size = budget::entry_size(raw.fields.as_deref());
-        part.held.insert(id, size);
-        self.budget.take(size);
-        self.stats.peak_in_flight_bytes = self.budget.peak_bytes() as u64;
-        self.stats.read += 1;
-        // Below the mark: an old entry delivered again; it runs, untracked (the mark stays).
-        let _ = self.watermark.track(part.p, id);
-        let p = part.p;
-        match part::parse(p, raw) {
-            Parsed::Run(mut e) => {
-                e.set_attempt(attempt);
-                part.backlog.push_back(e);
-            }
-            Parsed::Deleted => {
-                part.acks.push(id);
-                self.stats.deleted += 1;
-                self.event(Event::Deleted { partition: p, id });
-            }
-            Parsed::MissingKey => {
-                part.acks.push(id);
-                self.stats.missing_key += 1;
-                self.event(Event::MissingKey { partition: p, id });
-            }
-        }
-        true
+            .min(self.led.watermark.room(self.led.parts[i].p))
     }
 
     /// Redis's delivery counts of entries just re-read or claimed in partition `i` (those not
@@ -601,7 +401,7 @@ impl Consumer {
         i: usize,
         es: &[RawEntry],
     ) -> Result<HashMap<StreamId, u32>, StreamError> {
-        let part = &self.parts[i];
+        let part = &self.led.parts[i];
         let fresh: Vec<StreamId> = es
             .iter()
             .map(|e| e.id)
@@ -620,15 +420,15 @@ impl Consumer {
     fn read_own_pending(&mut self) -> Result<bool, StreamError> {
         self.check_epoch();
         let mut progressed = false;
-        for i in 0..self.parts.len() {
-            let Phase::OwnPending { after } = self.parts[i].phase else {
+        for i in 0..self.led.parts.len() {
+            let Phase::OwnPending { after } = self.led.parts[i].phase else {
                 continue;
             };
             let count = self.count_for(i);
-            if count == 0 || self.parts[i].blocked() {
+            if count == 0 || self.led.parts[i].blocked() {
                 continue;
             }
-            let name = self.parts[i].name.clone();
+            let name = self.led.parts[i].name.clone();
             let Some(reply) = self
                 .group
                 .read(&[(&name, after.to_string())], count, None)?
@@ -643,10 +443,10 @@ impl Consumer {
             let got = es.len();
             for e in es {
                 let n = counts.get(&e.id).copied().unwrap_or(1);
-                self.admit(i, e, n);
+                self.led.admit(i, e, n);
             }
             progressed |= got > 0;
-            let part = &mut self.parts[i];
+            let part = &mut self.led.parts[i];
             part.phase = match last {
                 Some(id) if got == count => Phase::OwnPending { after: id },
                 // Fewer than asked: the list is exhausted.
@@ -668,8 +468,8 @@ impl Consumer {
         let mut progressed = false;
         let now = Instant::now();
         let claim_idle = self.cfg.claim_idle;
-        for i in 0..self.parts.len() {
-            let part = &self.parts[i];
+        for i in 0..self.led.parts.len() {
+            let part = &self.led.parts[i];
             if matches!(part.phase, Phase::OwnPending { .. })
                 || now < part.next_claim
                 || part.blocked()
@@ -677,7 +477,7 @@ impl Consumer {
                 continue;
             }
             if part.phase == Phase::Others && !self.group.others_pending(&part.name)? {
-                let part = &mut self.parts[i];
+                let part = &mut self.led.parts[i];
                 part.phase = Phase::Live;
                 part.next_claim = now + claim_idle / 2;
                 continue;
@@ -686,11 +486,11 @@ impl Consumer {
             if count == 0 {
                 continue;
             }
-            let name = self.parts[i].name.clone();
+            let name = self.led.parts[i].name.clone();
             let Some((cursor, claimed)) = self.group.autoclaim(
                 &name,
                 claim_idle.as_millis() as u64,
-                self.parts[i].claim_cursor,
+                self.led.parts[i].claim_cursor,
                 count,
             )?
             else {
@@ -702,20 +502,20 @@ impl Consumer {
             let mut taken = 0;
             for e in claimed {
                 let n = counts.get(&e.id).copied().unwrap_or(1);
-                if self.admit(i, e, n) {
+                if self.led.admit(i, e, n) {
                     taken += 1;
                 }
             }
             if taken > 0 {
-                self.stats.claimed += taken as u64;
+                self.led.stats.claimed += taken as u64;
                 progressed = true;
-                let p = self.parts[i].p;
+                let p = self.led.parts[i].p;
                 self.event(Event::Claimed {
                     partition: p,
                     count: taken,
                 });
             }
-            let part = &mut self.parts[i];
+            let part = &mut self.led.parts[i];
             part.claim_cursor = cursor;
             part.next_claim = if cursor != StreamId::ZERO {
                 now // more to scan
@@ -731,11 +531,11 @@ impl Consumer {
     /// Submits each partition's backlog in order, until the serializer refuses one.
     fn submit_backlogs(&mut self) -> Result<bool, StreamError> {
         let mut progressed = false;
-        for i in 0..self.parts.len() {
+        for i in 0..self.led.parts.len() {
             loop {
-                let Stalled(key, fut) = match self.parts[i].stalled.take() {
+                let Stalled(key, fut) = match self.led.parts[i].stalled.take() {
                     Some(t) => t,
-                    None => match self.parts[i].backlog.pop_front() {
+                    None => match self.led.parts[i].backlog.pop_front() {
                         Some(e) => task::make(&self.handler, self.cfg.retry, &self.tx, i, e),
                         None => break,
                     },
@@ -751,7 +551,7 @@ impl Consumer {
                     }
                     Some((_, t)) => {
                         // Full (or another transient refusal): keep it at the head, try later.
-                        self.parts[i].stalled = Some(t);
+                        self.led.parts[i].stalled = Some(t);
                         break;
                     }
                 }
@@ -765,16 +565,16 @@ impl Consumer {
         if self.check_epoch() {
             return Ok(true);
         }
-        let room = self.budget.entry_room();
-        if self.budget.per_stream(1, self.cfg.batch) == 0 {
+        let room = self.led.budget.entry_room();
+        if self.led.budget.per_stream(1, self.cfg.batch) == 0 {
             return Ok(false);
         }
-        let n = self.parts.len();
+        let n = self.led.parts.len();
         let mut chosen = Vec::new();
         for k in 0..n {
             let i = (self.rotate + k) % n;
-            let part = &self.parts[i];
-            if part.phase == Phase::Live && !part.blocked() && self.watermark.room(part.p) > 0 {
+            let part = &self.led.parts[i];
+            if part.phase == Phase::Live && !part.blocked() && self.led.watermark.room(part.p) > 0 {
                 chosen.push(i);
             }
             if chosen.len() == room {
@@ -785,14 +585,14 @@ impl Consumer {
         if chosen.is_empty() {
             return Ok(false);
         }
-        let mut count = self.budget.per_stream(chosen.len(), self.cfg.batch);
+        let mut count = self.led.budget.per_stream(chosen.len(), self.cfg.batch);
         for &i in &chosen {
-            count = count.min(self.watermark.room(self.parts[i].p));
+            count = count.min(self.led.watermark.room(self.led.parts[i].p));
         }
         let block = quiet.then(|| self.cfg.block.min(self.tick).as_millis().max(1) as u64);
         let streams: Vec<(&str, String)> = chosen
             .iter()
-            .map(|&i| (self.parts[i].name.as_str(), ">".to_string()))
+            .map(|&i| (self.led.parts[i].name.as_str(), ">".to_string()))
             .collect();
         let Some(reply) = self.group.read(&streams, count, block)? else {
             self.check_epoch();
@@ -808,7 +608,7 @@ impl Consumer {
             };
             for e in es {
                 // A new entry: its first delivery.
-                got |= self.admit(i, e, 1);
+                got |= self.led.admit(i, e, 1);
             }
         }
         Ok(got)

@@ -182,6 +182,7 @@ mod entry;
 mod error;
 mod group;
 mod id;
+mod ledger;
 mod outcome;
 mod part;
 mod partition;
