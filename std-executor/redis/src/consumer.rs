@@ -87,6 +87,7 @@ pub struct Consumer {
     stop: Arc<AtomicBool>,
     shared_stats: StatsHandle,
     next_lag: Instant,
+    next_publish: Instant,
     rotate: usize,
     epoch: u64,
 }
@@ -143,6 +144,7 @@ impl Consumer {
             stop: Arc::new(AtomicBool::new(false)),
             shared_stats: StatsHandle::default(),
             next_lag: Instant::now(),
+            next_publish: Instant::now(),
             rotate: 0,
             epoch: 0,
         }
@@ -311,8 +313,13 @@ impl Consumer {
         self.publish()
     }
 
-    /// Publishes the statistics (the group's lags at most once a second).
+    /// Publishes the statistics at most every 10 ms (the group's lags at most once a second).
     fn publish(&mut self) -> Result<(), StreamError> {
+        let now = Instant::now();
+        if now < self.next_publish {
+            return Ok(());
+        }
+        self.next_publish = now + Duration::from_millis(10);
         if Instant::now() >= self.next_lag {
             let names: Vec<&str> = self.led.parts.iter().map(|p| p.name.as_str()).collect();
             let lags = self.group.lags(&names)?;
@@ -363,6 +370,7 @@ impl Consumer {
     /// The last snapshot of a `run`, with fresh lags.
     fn publish_final(&mut self) -> Result<(), StreamError> {
         self.next_lag = Instant::now();
+        self.next_publish = Instant::now();
         self.publish()
     }
 
@@ -533,16 +541,23 @@ impl Consumer {
         let mut progressed = false;
         for i in 0..self.led.parts.len() {
             loop {
-                let Stalled(key, fut) = match self.led.parts[i].stalled.take() {
-                    Some(t) => t,
-                    None => match self.led.parts[i].backlog.pop_front() {
-                        Some(e) => task::make(&self.handler, self.cfg.retry, &self.tx, i, e),
-                        None => break,
-                    },
-                };
-                let refused = match self.serializer.try_submit_async(key.clone(), fut) {
-                    Ok(_) => None,
-                    Err(r) => Some((r.reason, Stalled(key, r.task))),
+                let refused = match self.led.parts[i].stalled.take() {
+                    Some(Stalled(key, fut)) => {
+                        match self.serializer.try_submit_async(key.clone(), fut) {
+                            Ok(_) => None,
+                            Err(r) => Some((r.reason, Stalled(key, r.task))),
+                        }
+                    }
+                    None => {
+                        let Some(e) = self.led.parts[i].backlog.pop_front() else {
+                            break;
+                        };
+                        let (key, fut) = task::make(&self.handler, self.cfg.retry, &self.tx, i, e);
+                        match self.serializer.try_submit_async(key.clone(), fut) {
+                            Ok(_) => None,
+                            Err(r) => Some((r.reason, Stalled(key, Box::pin(r.task)))),
+                        }
+                    }
                 };
                 match refused {
                     None => progressed = true,

@@ -75,13 +75,15 @@ pub struct StatsSnapshot {
     pub totals: ConsumerStats,
     /// Per owned partition, in partition order.
     pub partitions: Vec<PartitionStats>,
-    /// Times the consumer loop published (once per round of the loop).
+    /// Times the consumer loop published.
     pub published: u64,
 }
 
 /// A cloneable view of a consumer's statistics, readable from any thread while
 /// [`Consumer::run`](crate::Consumer::run) runs ([`Consumer::stats_handle`](crate::Consumer::stats_handle)).
-/// The loop publishes a fresh snapshot once per round (at least every tick, 100 ms by default).
+/// The loop publishes a fresh snapshot every 10 ms or so while it runs (every round of the loop
+/// at most that often; a round ends at least every tick, 100 ms by default), and once more when
+/// `run` returns.
 ///
 /// ```no_run
 /// # let mut c = keyserial_redis::Consumer::builder("redis://127.0.0.1", "s", 8, "g", "c")

@@ -63,8 +63,8 @@ impl Retry {
     }
 }
 
-/// A task built for an entry (its key and future), kept to be submitted again, in order, when
-/// the serializer is full.
+/// A task built for an entry (its key and future) and refused by a full serializer, kept to be
+/// submitted again, in order (boxed only then: the common path submits the future unboxed).
 pub(crate) struct Stalled(pub Vec<u8>, pub BoxFuture<()>);
 
 /// How an entry's task ended.
@@ -170,7 +170,7 @@ pub(crate) fn make(
     tx: &Sender<Report>,
     part: usize,
     entry: Entry,
-) -> Stalled {
+) -> (Vec<u8>, impl Future<Output = ()> + Send + 'static) {
     let guard = DoneGuard {
         tx: tx.clone(),
         part,
@@ -207,7 +207,7 @@ pub(crate) fn make(
             entry.set_attempt(attempt + 1);
         }
     };
-    Stalled(key, Box::pin(fut))
+    (key, fut)
 }
 
 #[cfg(test)]
