@@ -20,7 +20,8 @@
 //! An entry is *in flight* from the read that delivered it to the `XACK` that succeeded; reads
 //! ask for at most what the in-flight budget (`budget.rs`: entries and bytes) and the
 //! partition's watermark room allow.
-//! The partition state is `part.rs`'s, the Redis commands `group.rs`'s, the tasks `task.rs`'s.
+//! The partition state is `part.rs`'s, the read steps `reads.rs`'s, what becomes of each entry
+//! `ledger.rs`'s, the Redis commands `group.rs`'s, the tasks `task.rs`'s.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,13 +32,14 @@ use std::time::{Duration, Instant};
 use keyserial::{RejectReason, Serializer};
 
 use crate::budget::Budget;
-use crate::conn::{EventFn, RawEntry};
+use crate::conn::EventFn;
 use crate::entry::Event;
 use crate::error::StreamError;
 use crate::group::Group;
 use crate::id::StreamId;
 use crate::ledger::Ledger;
 use crate::part::{Part, Phase};
+use crate::reads::{self, Step};
 use crate::stats::{ConsumerStats, StatsHandle};
 use crate::stop::StopHandle;
 use crate::stream_name;
@@ -394,146 +396,53 @@ impl Consumer {
         Ok(())
     }
 
-    /// How many entries partition `i` may read now.
-    fn count_for(&self, i: usize) -> usize {
-        self.led
-            .budget
-            .per_stream(1, self.cfg.batch)
-            .min(self.led.watermark.room(self.led.parts[i].p))
-    }
-
-    /// Redis's delivery counts of entries just re-read or claimed in partition `i` (those not
-    /// held yet: the others are skipped by `admit`).
-    fn delivery_counts(
-        &mut self,
-        i: usize,
-        es: &[RawEntry],
-    ) -> Result<HashMap<StreamId, u32>, StreamError> {
-        let part = &self.led.parts[i];
-        let fresh: Vec<StreamId> = es
-            .iter()
-            .map(|e| e.id)
-            .filter(|id| !part.held.contains_key(id))
-            .collect();
-        let (Some(&first), Some(&last)) = (fresh.first(), fresh.last()) else {
-            return Ok(HashMap::new());
-        };
-        // This consumer's pending entries in the range: the fresh ones plus held ones there.
-        let count = fresh.len() + part.held.range(first..=last).count();
-        let name = part.name.clone();
-        self.group.delivery_counts(&name, first, last, count)
-    }
-
-    /// One batch of each re-reading partition's own pending list.
+    /// The re-reads of partitions in their `OwnPending` phase.
     fn read_own_pending(&mut self) -> Result<bool, StreamError> {
         self.check_epoch();
-        let mut progressed = false;
-        for i in 0..self.led.parts.len() {
-            let Phase::OwnPending { after } = self.led.parts[i].phase else {
-                continue;
-            };
-            let count = self.count_for(i);
-            if count == 0 || self.led.parts[i].blocked() {
-                continue;
-            }
-            let name = self.led.parts[i].name.clone();
-            let Some(reply) = self
-                .group
-                .read(&[(&name, after.to_string())], count, None)?
-            else {
-                // The reply was lost: every partition starts its re-read again.
-                self.check_epoch();
-                return Ok(true);
-            };
-            let es: Vec<RawEntry> = reply.into_iter().flat_map(|(_, es)| es).collect();
-            let counts = self.delivery_counts(i, &es)?;
-            let last = es.last().map(|e| e.id);
-            let got = es.len();
-            for e in es {
-                let n = counts.get(&e.id).copied().unwrap_or(1);
-                self.led.admit(i, e, n);
-            }
-            progressed |= got > 0;
-            let part = &mut self.led.parts[i];
-            part.phase = match last {
-                Some(id) if got == count => Phase::OwnPending { after: id },
-                // Fewer than asked: the list is exhausted.
-                _ => Phase::Others,
-            };
-            if part.phase == Phase::Others {
-                part.next_claim = Instant::now();
-            }
-        }
-        Ok(progressed)
+        let step = reads::own_pending(&mut self.group, &mut self.led, self.cfg.batch)?;
+        Ok(self.after(step))
     }
 
-    /// Partitions waiting for others: done when no other name has pending entries there, else
-    /// `XAUTOCLAIM` what idled past `claim_idle`. Live partitions: a scan every `claim_idle / 2`.
+    /// Claim checks and scans.
     fn claims(&mut self) -> Result<bool, StreamError> {
         if self.check_epoch() {
             return Ok(true);
         }
-        let mut progressed = false;
-        let now = Instant::now();
-        let claim_idle = self.cfg.claim_idle;
-        for i in 0..self.led.parts.len() {
-            let part = &self.led.parts[i];
-            if matches!(part.phase, Phase::OwnPending { .. })
-                || now < part.next_claim
-                || part.blocked()
-            {
-                continue;
-            }
-            if part.phase == Phase::Others && !self.group.others_pending(&part.name)? {
-                let part = &mut self.led.parts[i];
-                part.phase = Phase::Live;
-                part.next_claim = now + claim_idle / 2;
-                continue;
-            }
-            let count = self.count_for(i);
-            if count == 0 {
-                continue;
-            }
-            let name = self.led.parts[i].name.clone();
-            let Some((cursor, claimed)) = self.group.autoclaim(
-                &name,
-                claim_idle.as_millis() as u64,
-                self.led.parts[i].claim_cursor,
-                count,
-            )?
-            else {
-                // The reply was lost: what it took is in this consumer's pending list now.
-                self.check_epoch();
-                return Ok(true);
-            };
-            let counts = self.delivery_counts(i, &claimed)?;
-            let mut taken = 0;
-            for e in claimed {
-                let n = counts.get(&e.id).copied().unwrap_or(1);
-                if self.led.admit(i, e, n) {
-                    taken += 1;
-                }
-            }
-            if taken > 0 {
-                self.led.stats.claimed += taken as u64;
-                progressed = true;
-                let p = self.led.parts[i].p;
-                self.event(Event::Claimed {
-                    partition: p,
-                    count: taken,
-                });
-            }
-            let part = &mut self.led.parts[i];
-            part.claim_cursor = cursor;
-            part.next_claim = if cursor != StreamId::ZERO {
-                now // more to scan
-            } else if part.phase == Phase::Others {
-                now + (claim_idle / 4).min(Duration::from_millis(250))
-            } else {
-                now + claim_idle / 2
-            };
+        let step = reads::claims(
+            &mut self.group,
+            &mut self.led,
+            self.cfg.batch,
+            self.cfg.claim_idle,
+        )?;
+        Ok(self.after(step))
+    }
+
+    /// One read of new entries; `quiet`: nothing in flight, so it may block on the server.
+    fn read_new(&mut self, quiet: bool) -> Result<bool, StreamError> {
+        if self.check_epoch() {
+            return Ok(true);
         }
-        Ok(progressed)
+        let block = quiet.then(|| self.cfg.block.min(self.tick).as_millis().max(1) as u64);
+        let step = reads::new_entries(
+            &mut self.group,
+            &mut self.led,
+            self.cfg.batch,
+            block,
+            &mut self.rotate,
+            &self.by_name,
+        )?;
+        Ok(self.after(step))
+    }
+
+    /// After a read step: a lost reply sends every partition back to its own pending list.
+    fn after(&mut self, step: Step) -> bool {
+        match step {
+            Step::Progress(p) => p,
+            Step::Lost => {
+                self.check_epoch();
+                true
+            }
+        }
     }
 
     /// Submits each partition's backlog in order, until the serializer refuses one.
@@ -573,59 +482,5 @@ impl Consumer {
             }
         }
         Ok(progressed)
-    }
-
-    /// One `XREADGROUP … >` over the live partitions that have room and nothing queued here.
-    fn read_new(&mut self, quiet: bool) -> Result<bool, StreamError> {
-        if self.check_epoch() {
-            return Ok(true);
-        }
-        let room = self.led.budget.entry_room();
-        if self.led.budget.per_stream(1, self.cfg.batch) == 0 {
-            return Ok(false);
-        }
-        let n = self.led.parts.len();
-        let mut chosen = Vec::new();
-        for k in 0..n {
-            let i = (self.rotate + k) % n;
-            let part = &self.led.parts[i];
-            if part.phase == Phase::Live && !part.blocked() && self.led.watermark.room(part.p) > 0 {
-                chosen.push(i);
-            }
-            if chosen.len() == room {
-                break;
-            }
-        }
-        self.rotate = (self.rotate + 1) % n;
-        if chosen.is_empty() {
-            return Ok(false);
-        }
-        let mut count = self.led.budget.per_stream(chosen.len(), self.cfg.batch);
-        for &i in &chosen {
-            count = count.min(self.led.watermark.room(self.led.parts[i].p));
-        }
-        let block = quiet.then(|| self.cfg.block.min(self.tick).as_millis().max(1) as u64);
-        let streams: Vec<(&str, String)> = chosen
-            .iter()
-            .map(|&i| (self.led.parts[i].name.as_str(), ">".to_string()))
-            .collect();
-        let Some(reply) = self.group.read(&streams, count, block)? else {
-            self.check_epoch();
-            return Ok(true);
-        };
-        let mut got = false;
-        for (name, es) in reply {
-            let Some(&i) = self.by_name.get(&name) else {
-                return Err(StreamError::Protocol(format!(
-                    "entries of a stream not asked for: {}",
-                    String::from_utf8_lossy(&name)
-                )));
-            };
-            for e in es {
-                // A new entry: its first delivery.
-                got |= self.led.admit(i, e, 1);
-            }
-        }
-        Ok(got)
     }
 }

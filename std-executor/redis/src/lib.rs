@@ -187,6 +187,7 @@ mod outcome;
 mod part;
 mod partition;
 mod producer;
+mod reads;
 mod stats;
 mod stop;
 mod task;
