@@ -476,7 +476,7 @@ fn lost_server_is_an_error_after_the_retry_limit() {
     assert!(started.elapsed() < Duration::from_secs(10));
 }
 
-/// The CLI: a bad argument or an unreachable server exits 1 with one line on stderr.
+/// The CLI: a bad argument or an unreachable server exits 1 at once with one line on stderr.
 #[test]
 fn cli_bad_argument_or_unreachable_server_exits_1() {
     let dir = scratch("cli");
@@ -497,12 +497,33 @@ fn cli_bad_argument_or_unreachable_server_exits_1() {
     let mut unknown = good.clone();
     unknown.push("--frobnicate".into());
     cases.push(("unknown argument", unknown));
+    for (what, flag, value) in [
+        ("zero max attempts", "--max-attempts", "0"),
+        ("non-numeric retry", "--retry-ms", "soon"),
+        ("non-numeric drain", "--drain-ms", "-1"),
+        (
+            "non-numeric reconnect attempts",
+            "--reconnect-attempts",
+            "many",
+        ),
+    ] {
+        let mut a = good.clone();
+        a.extend([flag.to_string(), value.to_string()]);
+        cases.push((what, a));
+    }
     let mut missing_value = good.clone();
     missing_value.push("--work-ms".into());
     cases.push(("option without value", missing_value));
     cases.push(("missing --log", good[..good.len() - 2].to_vec()));
     for (what, args) in cases {
+        let started = Instant::now();
         let out = wait_output(spawn_consumer(&args), Duration::from_secs(20));
+        // At once: reconnecting for ever is for a connection lost while running.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{what}: took {:?}",
+            started.elapsed()
+        );
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{what}: {:?} {err}", out.status);
         let lines: Vec<&str> = err.lines().collect();
