@@ -140,8 +140,8 @@
 //!
 //! [`Semaphore`] (fair FIFO, all-or-nothing multi-permit acquire, also gating tasks through
 //! [`Serializer::submit_with_permits`]) and [`DistinctQueue`] (a job queue without duplicates,
-//! where failed work goes back). With Cargo feature `redis`, module `stream`: a partitioned
-//! Redis stream consumed in per-key order across processes.
+//! where failed work goes back). A partitioned Redis stream consumed in per-key order across
+//! processes is the package `keyserial-redis`, built on this crate's public API.
 //!
 //! # Tracing
 //!
@@ -168,7 +168,6 @@
 // | workers | `worker/` (its `mod.rs` lists its rooms), `phase` (what `shutdown_now` may take), `running` (what the worker on this thread is inside: the self-wait check), `sleep` (parking without lost wakeups), `supervisor` (the elastic pool) |
 // | tasks and handles | `task/` (type-erased task nodes), `future_task` (a future as a task: one allocation, its wakers), `wake_state` (a future's wake word), `nodes`, `slab` (their recycled memory), `handle` (`TaskHandle`), `state` (per-key state), `state_hold` (a key's state held by its handed-back tasks), `user` (the one boundary for user code: where it runs, what a panic in it does), `trace` (feature `tracing`) |
 // | the extras | `semaphore/`, `distinct/` (`DistinctQueue`) |
-// | beyond one machine (feature `redis`, public) | `stream/` (`partition`: Kafka's murmur2 partitioner; `id`: stream IDs; `watermark`; `producer`; `consumer`: ownership, claims, acks; `conn`: reconnecting connection and reply parsing; `entry`, `error`) |
 //
 // Who owns a key (issue "Baton"). A key's next task is run or touched only by the holder of
 // its chain's baton (core `chain`: the `ACTIVE` bit), or, for a plain closure of a key without
@@ -262,8 +261,6 @@ mod user;
 mod distinct;
 mod future_task;
 mod semaphore;
-#[cfg(feature = "redis")]
-pub mod stream;
 mod wake_state;
 
 #[cfg(test)]

@@ -2,15 +2,24 @@
 //! outside the repository drive this CLI, so its arguments and output are a contract).
 //!
 //! ```text
-//! cargo run --release -p keyserial --features redis --example stream_consumer -- \
+//! cargo run --release -p keyserial-redis --example stream_consumer -- \
 //!     --redis URL --stream NAME --partitions P --group G --consumer NAME --index I --of N \
-//!     --log FILE [--work-ms MAX] [--claim-idle-ms MS] [--exit-when-idle-ms MS]
+//!     --log FILE [--work-ms MAX] [--claim-idle-ms MS] [--exit-when-idle-ms MS] \
+//!     [--max-attempts A] [--retry-ms MS] [--reconnect-attempts N] [--drain-ms MS]
 //! ```
 //!
 //! Consumer `I` of `N` owns the partitions `p` of `{NAME}:0..P` with `p % N == I`. Its handler
 //! sleeps a uniform random 0..=MAX ms (with `--work-ms`), then appends `{partition} {id} {key}\n`
 //! to FILE with one `write` (the file is opened with `O_APPEND`), before the entry is
-//! acknowledged. With `--exit-when-idle-ms` it exits 0 once nothing was read and nothing was in
+//! acknowledged. An entry with a field `fail` = N (decimal) makes the handler fail (before the
+//! sleep, writing nothing) while its attempt is at most N: it is retried after `--retry-ms`
+//! (default 100, doubling up to 10 s), up to `--max-attempts` runs in all (default 3), then
+//! appended to the dead-letter stream `{NAME}:dead` and acknowledged. A lost Redis connection is
+//! retried for ever (one stderr line per failed attempt), or `--reconnect-attempts N` times in a
+//! row before exiting 1. SIGTERM or SIGINT stops it: it reads nothing more, lets the entries in
+//! flight finish and acknowledges them within `--drain-ms` (default 30000), prints the
+//! watermarks and stats and exits 0; past the deadline it exits 1 (one line) with the rest left
+//! pending. With `--exit-when-idle-ms` it exits 0 once nothing was read and nothing was in
 //! flight that long, printing `watermark {p} {id}` for each owned partition (`-`: nothing done)
 //! and a `stats` line. A bad argument or an unreachable server: exit status 1, one line on
 //! stderr.
@@ -21,10 +30,11 @@ use std::fs::{File, OpenOptions};
 use std::hash::BuildHasher;
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keyserial::stream::Consumer;
+use keyserial_redis::Consumer;
 
 struct Args {
     redis: String,
@@ -38,13 +48,17 @@ struct Args {
     work_ms: Option<u64>,
     claim_idle_ms: Option<u64>,
     exit_when_idle_ms: Option<u64>,
+    max_attempts: Option<u64>,
+    retry_ms: Option<u64>,
+    reconnect_attempts: Option<u64>,
+    drain_ms: Option<u64>,
 }
 
-const USAGE: &str = "usage: stream_consumer --redis URL --stream NAME --partitions P --group G --consumer NAME --index I --of N --log FILE [--work-ms MAX] [--claim-idle-ms MS] [--exit-when-idle-ms MS]";
+const USAGE: &str = "usage: stream_consumer --redis URL --stream NAME --partitions P --group G --consumer NAME --index I --of N --log FILE [--work-ms MAX] [--claim-idle-ms MS] [--exit-when-idle-ms MS] [--max-attempts A] [--retry-ms MS] [--reconnect-attempts N] [--drain-ms MS]";
 
 fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
-    let mut v: [Option<String>; 11] = Default::default();
-    const NAMES: [&str; 11] = [
+    let mut v: [Option<String>; 15] = Default::default();
+    const NAMES: [&str; 15] = [
         "--redis",
         "--stream",
         "--partitions",
@@ -56,6 +70,10 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
         "--work-ms",
         "--claim-idle-ms",
         "--exit-when-idle-ms",
+        "--max-attempts",
+        "--retry-ms",
+        "--reconnect-attempts",
+        "--drain-ms",
     ];
     while let Some(a) = it.next() {
         if a == "--help" || a == "-h" {
@@ -99,6 +117,16 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
     let work_ms = opt(v[8].take(), "--work-ms")?;
     let claim_idle_ms = opt(v[9].take(), "--claim-idle-ms")?;
     let exit_when_idle_ms = opt(v[10].take(), "--exit-when-idle-ms")?;
+    let max_attempts = opt(v[11].take(), "--max-attempts")?;
+    let retry_ms = opt(v[12].take(), "--retry-ms")?;
+    let reconnect_attempts = opt(v[13].take(), "--reconnect-attempts")?;
+    let drain_ms = opt(v[14].take(), "--drain-ms")?;
+    if reconnect_attempts.is_some_and(|a| a > u64::from(u32::MAX)) {
+        return Err("--reconnect-attempts must fit 32 bits".into());
+    }
+    if max_attempts == Some(0) || max_attempts.is_some_and(|a| a > u64::from(u32::MAX)) {
+        return Err("--max-attempts must be at least 1 (and fit 32 bits)".into());
+    }
     if partitions == 0 {
         return Err("--partitions must be at least 1".into());
     }
@@ -129,6 +157,10 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
         work_ms,
         claim_idle_ms,
         exit_when_idle_ms,
+        max_attempts,
+        retry_ms,
+        reconnect_attempts,
+        drain_ms,
     }))
 }
 
@@ -188,7 +220,17 @@ pub fn run(argv: impl Iterator<Item = String>) -> u8 {
     } else {
         4
     })
-    .handler(move |e| {
+    .handler(move |e| -> Result<(), String> {
+        // `fail` = N: fail while the attempt is at most N.
+        if let Some(n) = e.field(b"fail") {
+            let n: u64 = std::str::from_utf8(n)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| format!("entry {}: fail field is not a number", e.id))?;
+            if u64::from(e.attempt()) <= n {
+                return Err(format!("fail={n}, attempt {}", e.attempt()));
+            }
+        }
         if let Some(max) = work_ms {
             std::thread::sleep(Duration::from_millis(uniform(max)));
         }
@@ -210,7 +252,18 @@ pub fn run(argv: impl Iterator<Item = String>) -> u8 {
                 std::process::exit(1);
             }
         }
+        Ok(())
     });
+    let first = Duration::from_millis(args.retry_ms.unwrap_or(100));
+    b = b.retry(
+        args.max_attempts.map_or(3, |a| a as u32),
+        first,
+        first.max(Duration::from_secs(10)),
+    );
+    if let Some(n) = args.reconnect_attempts {
+        b = b.reconnect(n as u32, Duration::from_millis(50), Duration::from_secs(2));
+    }
+    b = b.drain_timeout(Duration::from_millis(args.drain_ms.unwrap_or(30_000)));
     if let Some(ms) = args.claim_idle_ms {
         b = b.claim_idle(Duration::from_millis(ms));
     }
@@ -224,6 +277,22 @@ pub fn run(argv: impl Iterator<Item = String>) -> u8 {
             return 1;
         }
     };
+    // SIGTERM and SIGINT set a flag; a watcher turns it into a stop (a drain).
+    let signalled = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        if let Err(e) = signal_hook::flag::register(sig, Arc::clone(&signalled)) {
+            eprintln!("stream_consumer: cannot handle signal {sig}: {e}");
+            return 1;
+        }
+    }
+    let stopper = consumer.stopper();
+    std::thread::spawn(move || loop {
+        if signalled.load(Ordering::Relaxed) {
+            stopper.stop();
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    });
     let stats = match consumer.run() {
         Ok(s) => s,
         Err(e) => {
@@ -241,14 +310,17 @@ pub fn run(argv: impl Iterator<Item = String>) -> u8 {
     }
     writeln!(
         out,
-        "stats read={} acked={} claimed={} missing_key={} deleted={} panicked={} lost={}",
+        "stats read={} acked={} claimed={} missing_key={} deleted={} panicked={} lost={} failed={} retried={} dead_lettered={}",
         stats.read,
         stats.acked,
         stats.claimed,
         stats.missing_key,
         stats.deleted,
         stats.panicked,
-        stats.lost
+        stats.lost,
+        stats.failed,
+        stats.retried,
+        stats.dead_lettered
     )
     .ok();
     out.flush().ok();

@@ -2,14 +2,14 @@
 //!
 //! The same function as `org.apache.kafka.common.utils.Utils.murmur2` (MurmurHash2, 32-bit, seed
 //! `0x9747b28c`, the key's bytes read as little-endian 4-byte words) followed by Kafka's
-//! `toPositive`, so a Kafka producer and this crate's [`Producer`](super::Producer) put a key in the
+//! `toPositive`, so a Kafka producer and this crate's [`Producer`](crate::Producer) put a key in the
 //! same partition, and a producer written in another language can compute it too.
 
 /// Kafka's 32-bit MurmurHash2 of `data`, as the Java client computes it (a signed `int` there).
 ///
 /// ```
 /// // Kafka's own test vector (UtilsTest.testMurmur2).
-/// assert_eq!(keyserial::stream::murmur2(b"foobar"), -790332482);
+/// assert_eq!(keyserial_redis::murmur2(b"foobar"), -790332482);
 /// ```
 pub fn murmur2(data: &[u8]) -> i32 {
     const SEED: u32 = 0x9747_b28c;
@@ -51,7 +51,7 @@ pub fn murmur2(data: &[u8]) -> i32 {
 /// If `partitions` is 0.
 ///
 /// ```
-/// use keyserial::stream::partition_of;
+/// use keyserial_redis::partition_of;
 /// assert_eq!(partition_of(b"foobar", 50), 16);
 /// assert!(partition_of(b"user-42", 8) < 8);
 /// ```

@@ -5,7 +5,7 @@ use std::fmt;
 /// An error of the stream module's producer or consumer.
 ///
 /// ```
-/// use keyserial::stream::StreamError;
+/// use keyserial_redis::StreamError;
 /// let e = StreamError::Config("partitions must be at least 1".into());
 /// assert_eq!(e.to_string(), "bad configuration: partitions must be at least 1");
 /// ```
@@ -28,6 +28,13 @@ pub enum StreamError {
     Protocol(String),
     /// The serializer the consumer submits to was shut down under it.
     SerializerShutdown,
+    /// A stopped consumer's in-flight entries did not all finish within the drain deadline
+    /// ([`ConsumerBuilder::drain_timeout`](crate::ConsumerBuilder::drain_timeout)); those left
+    /// stay pending (this consumer name re-reads them on restart).
+    DrainTimeout {
+        /// Entries still in flight at the deadline.
+        left: usize,
+    },
 }
 
 impl fmt::Display for StreamError {
@@ -45,6 +52,10 @@ impl fmt::Display for StreamError {
             StreamError::Redis(e) => write!(f, "redis error: {e}"),
             StreamError::Protocol(m) => write!(f, "unexpected redis reply: {m}"),
             StreamError::SerializerShutdown => f.write_str("the serializer was shut down"),
+            StreamError::DrainTimeout { left } => write!(
+                f,
+                "stopping: {left} entries still in flight at the drain deadline (left pending)"
+            ),
         }
     }
 }

@@ -50,7 +50,7 @@ impl<I> Default for Part<I> {
 }
 
 /// Completion progress of a partitioned log, engine-agnostic: IDs are any ordered type (Redis
-/// [`StreamId`](super::StreamId)s, Kafka offsets as `u64`).
+/// [`StreamId`](crate::StreamId)s, Kafka offsets as `u64`).
 ///
 /// Per partition it keeps the **mark**, the highest ID such that every tracked ID up to it is
 /// done, and beyond it the outstanding IDs and the **done set** (done, but above an outstanding
@@ -68,7 +68,7 @@ impl<I> Default for Part<I> {
 /// never at or below the mark: the mark only moves forward.
 ///
 /// ```
-/// use keyserial::stream::{StreamId, Watermark};
+/// use keyserial_redis::{StreamId, Watermark};
 /// let mut w = Watermark::new(1000);
 /// let (a, b, c) = (StreamId::new(5, 0), StreamId::new(9, 0), StreamId::new(10, 0));
 /// for id in [a, b, c] {
@@ -96,7 +96,7 @@ impl<I: Ord + Clone> Watermark<I> {
     /// If `limit` is 0 (nothing could ever be read).
     ///
     /// ```
-    /// let w = keyserial::stream::Watermark::<u64>::new(4096);
+    /// let w = keyserial_redis::Watermark::<u64>::new(4096);
     /// assert_eq!(w.limit(), 4096);
     /// ```
     pub fn new(limit: usize) -> Self {
@@ -110,7 +110,7 @@ impl<I: Ord + Clone> Watermark<I> {
     /// The most IDs a partition tracks.
     ///
     /// ```
-    /// assert_eq!(keyserial::stream::Watermark::<u64>::new(8).limit(), 8);
+    /// assert_eq!(keyserial_redis::Watermark::<u64>::new(8).limit(), 8);
     /// ```
     pub fn limit(&self) -> usize {
         self.limit
@@ -123,7 +123,7 @@ impl<I: Ord + Clone> Watermark<I> {
     /// covers, [`TrackError::Duplicate`] for an ID already tracked. Nothing changes then.
     ///
     /// ```
-    /// use keyserial::stream::{TrackError, Watermark};
+    /// use keyserial_redis::{TrackError, Watermark};
     /// let mut w = Watermark::new(1);
     /// w.track(3, 10u64).unwrap();
     /// assert_eq!(w.track(3, 11), Err(TrackError::Full));
@@ -150,7 +150,7 @@ impl<I: Ord + Clone> Watermark<I> {
     /// outstanding one. Returns whether `id` was outstanding (false: not tracked, or done before).
     ///
     /// ```
-    /// let mut w = keyserial::stream::Watermark::new(16);
+    /// let mut w = keyserial_redis::Watermark::new(16);
     /// w.track(0, 1u64).unwrap();
     /// assert!(w.complete(0, &1));
     /// assert!(!w.complete(0, &1));
@@ -178,7 +178,7 @@ impl<I: Ord + Clone> Watermark<I> {
     /// partition was never tracked).
     ///
     /// ```
-    /// let w = keyserial::stream::Watermark::<u64>::new(16);
+    /// let w = keyserial_redis::Watermark::<u64>::new(16);
     /// assert_eq!(w.mark(7), None);
     /// ```
     pub fn mark(&self, partition: u32) -> Option<&I> {
@@ -188,7 +188,7 @@ impl<I: Ord + Clone> Watermark<I> {
     /// The done IDs beyond the mark, in order (each is above an outstanding one).
     ///
     /// ```
-    /// let mut w = keyserial::stream::Watermark::new(16);
+    /// let mut w = keyserial_redis::Watermark::new(16);
     /// w.track(0, 1u64).unwrap();
     /// w.track(0, 2).unwrap();
     /// w.complete(0, &2);
@@ -204,7 +204,7 @@ impl<I: Ord + Clone> Watermark<I> {
     /// How many tracked IDs of the partition are not done.
     ///
     /// ```
-    /// let mut w = keyserial::stream::Watermark::new(16);
+    /// let mut w = keyserial_redis::Watermark::new(16);
     /// w.track(0, 1u64).unwrap();
     /// assert_eq!(w.outstanding(0), 1);
     /// ```
@@ -218,7 +218,7 @@ impl<I: Ord + Clone> Watermark<I> {
     /// [`limit`](Self::limit).
     ///
     /// ```
-    /// let mut w = keyserial::stream::Watermark::new(16);
+    /// let mut w = keyserial_redis::Watermark::new(16);
     /// w.track(0, 1u64).unwrap();
     /// w.track(0, 2).unwrap();
     /// w.complete(0, &2);
@@ -233,7 +233,7 @@ impl<I: Ord + Clone> Watermark<I> {
     /// How many more IDs the partition can track now (0: pause reading it).
     ///
     /// ```
-    /// let mut w = keyserial::stream::Watermark::new(2);
+    /// let mut w = keyserial_redis::Watermark::new(2);
     /// w.track(0, 1u64).unwrap();
     /// assert_eq!(w.room(0), 1);
     /// assert_eq!(w.room(1), 2);
@@ -245,7 +245,7 @@ impl<I: Ord + Clone> Watermark<I> {
     /// The partitions tracked so far, in order.
     ///
     /// ```
-    /// let mut w = keyserial::stream::Watermark::new(2);
+    /// let mut w = keyserial_redis::Watermark::new(2);
     /// w.track(4, 1u64).unwrap();
     /// w.track(1, 1u64).unwrap();
     /// assert_eq!(w.partitions().collect::<Vec<_>>(), [1, 4]);
@@ -258,7 +258,7 @@ impl<I: Ord + Clone> Watermark<I> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stream::StreamId;
+    use crate::StreamId;
     use proptest::prelude::*;
 
     #[test]

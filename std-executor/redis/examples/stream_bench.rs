@@ -11,64 +11,24 @@
 //! `redis-benchmark -q -n 100000 XADD s '*' key k data d` on the same server.
 //!
 //! ```text
-//! cargo run --release -p keyserial --features redis,tokio --example stream_bench -- [--rounds 5]
+//! cargo run --release -p keyserial-redis --example stream_bench -- [--rounds 5]
 //! ```
 //! It starts its own `redis-server` on a free loopback port (and needs `redis-benchmark`, from
 //! the same Debian package). Figures are medians of the rounds; the sequential loop runs once.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keyserial::stream::{Consumer, Producer};
 use keyserial::Serializer;
+use keyserial_redis::{Consumer, Producer};
+
+#[path = "support/server.rs"]
+mod server;
+use server::start_server;
 
 const ENTRIES: usize = 10_000;
-
-struct Server(Child, u16);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_server() -> Server {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server (Debian: apt-get install redis-server)");
-    // Dropped (killed and waited for) on every path from here on.
-    let server = Server(child, port);
-    let url = format!("redis://127.0.0.1:{port}");
-    for _ in 0..500 {
-        if let Ok(mut c) = redis::Client::open(url.as_str()).and_then(|c| c.get_connection()) {
-            if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                return server;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("redis-server did not start");
-}
 
 /// Uniform 0..=5 ms per entry, the same for every mode (splitmix64 from a fixed seed).
 fn work_ms(i: usize) -> u64 {

@@ -9,7 +9,7 @@ use std::str::FromStr;
 /// explicit IDs (`XADD s 1700000000000-7 …`) are as valid as generated ones.
 ///
 /// ```
-/// use keyserial::stream::StreamId;
+/// use keyserial_redis::StreamId;
 /// let a: StreamId = "9-5".parse().unwrap();
 /// let b: StreamId = "10-0".parse().unwrap();
 /// assert!(a < b);
@@ -28,14 +28,14 @@ impl StreamId {
     /// `0-0`, below every entry.
     ///
     /// ```
-    /// assert_eq!(keyserial::stream::StreamId::ZERO.to_string(), "0-0");
+    /// assert_eq!(keyserial_redis::StreamId::ZERO.to_string(), "0-0");
     /// ```
     pub const ZERO: StreamId = StreamId { ms: 0, seq: 0 };
 
     /// The ID `ms-seq`.
     ///
     /// ```
-    /// let id = keyserial::stream::StreamId::new(1_700_000_000_000, 7);
+    /// let id = keyserial_redis::StreamId::new(1_700_000_000_000, 7);
     /// assert_eq!(id.to_string(), "1700000000000-7");
     /// ```
     pub const fn new(ms: u64, seq: u64) -> Self {
@@ -45,7 +45,7 @@ impl StreamId {
     /// Parses an ID from Redis's bytes.
     ///
     /// ```
-    /// use keyserial::stream::StreamId;
+    /// use keyserial_redis::StreamId;
     /// assert_eq!(StreamId::from_bytes(b"3-4"), Some(StreamId::new(3, 4)));
     /// assert_eq!(StreamId::from_bytes(b"3-"), None);
     /// ```

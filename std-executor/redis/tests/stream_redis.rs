@@ -1,126 +1,27 @@
 //! The stream module against a real `redis-server` that each test starts on a free loopback
 //! port (a missing `redis-server` binary fails the test: `.ci/run` installs it). Run with
-//! `cargo test -p keyserial --features redis --test stream_redis`.
+//! `cargo test -p keyserial-redis --test stream_redis`.
 //!
 //! The consumer processes are the example CLI itself: `examples/stream_consumer.rs` is compiled
 //! into this test binary (`mod cli`) and run in child processes of it (`cli_child`, started with
 //! an argument list in `KEYSERIAL_STREAM_CLI`), so a kill is a real SIGKILL of a process that runs
 //! exactly the example's code, without a second build of the crate.
-#![cfg(feature = "redis")]
 
 #[path = "../examples/stream_consumer.rs"]
 #[allow(dead_code)]
 mod cli;
+mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use keyserial::stream::{partition_of, Consumer, Event, Producer, StreamError, StreamId};
-
-// ---------------------------------------------------------------- a real server
-
-struct RedisServer {
-    child: Child,
-    port: u16,
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free loopback port");
-    l.local_addr().unwrap().port()
-}
-
-impl RedisServer {
-    fn start() -> RedisServer {
-        Self::start_on(free_port())
-    }
-
-    fn start_on(port: u16) -> RedisServer {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start `redis-server` ({e}): these tests need a real Redis server; \
-                     install it (Debian: apt-get install -y redis-server; .ci/run does this)"
-                )
-            });
-        let s = RedisServer { child, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut c) = redis::Client::open(s.url()).and_then(|c| c.get_connection()) {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return s;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server on port {port} did not come up"
-            );
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn con(&self) -> redis::Connection {
-        redis::Client::open(self.url())
-            .unwrap()
-            .get_connection()
-            .unwrap()
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn pending_count(con: &mut redis::Connection, stream: &str, group: &str) -> i64 {
-    let v: redis::Value = redis::cmd("XPENDING")
-        .arg(stream)
-        .arg(group)
-        .query(con)
-        .unwrap();
-    match v {
-        redis::Value::Array(a) => match &a[0] {
-            redis::Value::Int(n) => *n,
-            other => panic!("XPENDING count: {other:?}"),
-        },
-        other => panic!("XPENDING: {other:?}"),
-    }
-}
-
-fn last_id(con: &mut redis::Connection, stream: &str) -> Option<StreamId> {
-    let v: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
-        .arg(stream)
-        .arg("+")
-        .arg("-")
-        .arg("COUNT")
-        .arg(1)
-        .query(con)
-        .unwrap();
-    v.first().map(|(id, _)| id.parse().unwrap())
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("keyserial-stream-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use common::children::{
+    consumer_args, line_count, read_log, spawn_consumer, wait_output, watermarks,
+};
+use common::{collect_events, free_port, last_id, pending_count, scratch, RedisServer};
+use keyserial_redis::{partition_of, Consumer, Event, Producer, StreamError, StreamId};
 
 // ---------------------------------------------------------------- the CLI in child processes
 
@@ -132,112 +33,6 @@ fn cli_child() {
         let code = cli::run(args.split('\n').map(String::from));
         std::process::exit(i32::from(code));
     }
-}
-
-fn cli_command(args: &[String]) -> Command {
-    let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args([
-        "-q",
-        "--ignored",
-        "--exact",
-        "cli_child",
-        "--nocapture",
-        "--test-threads",
-        "1",
-    ])
-    .env("KEYSERIAL_STREAM_CLI", args.join("\n"));
-    c
-}
-
-#[allow(clippy::too_many_arguments)]
-fn consumer_args(
-    url: &str,
-    stream: &str,
-    partitions: u32,
-    name: &str,
-    index: u32,
-    of: u32,
-    log: &Path,
-    extra: &[&str],
-) -> Vec<String> {
-    let mut a: Vec<String> = [
-        "--redis",
-        url,
-        "--stream",
-        stream,
-        "--partitions",
-        &partitions.to_string(),
-        "--group",
-        "g",
-        "--consumer",
-        name,
-        "--index",
-        &index.to_string(),
-        "--of",
-        &of.to_string(),
-        "--log",
-        log.to_str().unwrap(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    a.extend(extra.iter().map(|s| s.to_string()));
-    a
-}
-
-fn spawn_consumer(args: &[String]) -> Child {
-    cli_command(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn line_count(path: &Path) -> usize {
-    std::fs::read(path).map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count())
-}
-
-fn wait_output(child: Child, limit: Duration) -> Output {
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.unwrap(),
-        Err(_) => {
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            panic!("consumer process {pid} did not exit within {limit:?}");
-        }
-    }
-}
-
-/// `watermark {p} {id}` lines of a consumer's stdout.
-fn watermarks(out: &Output) -> BTreeMap<u32, Option<StreamId>> {
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.strip_prefix("watermark "))
-        .map(|l| {
-            let (p, id) = l.split_once(' ').unwrap();
-            (p.parse().unwrap(), id.parse().ok())
-        })
-        .collect()
-}
-
-/// The log's lines as `(partition, id, key)`, in file order.
-fn read_log(path: &Path) -> Vec<(u32, StreamId, String)> {
-    let f = std::fs::File::open(path).unwrap();
-    BufReader::new(f)
-        .lines()
-        .map(|l| {
-            let l = l.unwrap();
-            let mut it = l.splitn(3, ' ');
-            let p = it.next().unwrap().parse().unwrap();
-            let id = it.next().unwrap().parse().unwrap();
-            let key = it.next().unwrap().to_string();
-            (p, id, key)
-        })
-        .collect()
 }
 
 // ---------------------------------------------------------------- the big one
@@ -425,7 +220,7 @@ fn run_recording(
     claim_idle: Duration,
     work: Duration,
     log: Arc<Mutex<Vec<(String, StreamId)>>>,
-) -> thread::JoinHandle<Result<keyserial::stream::ConsumerStats, StreamError>> {
+) -> thread::JoinHandle<Result<keyserial_redis::ConsumerStats, StreamError>> {
     let b = Consumer::builder(url, stream, 1, "g", name)
         .claim_idle(claim_idle)
         .block(Duration::from_millis(20))
@@ -510,15 +305,6 @@ fn without_the_refresh_held_entries_are_claimed_and_run_twice() {
 }
 
 // ---------------------------------------------------------------- bad input
-
-fn collect_events() -> (
-    Arc<Mutex<Vec<Event>>>,
-    impl Fn(&Event) + Send + Sync + 'static,
-) {
-    let events = Arc::new(Mutex::new(Vec::new()));
-    let e2 = Arc::clone(&events);
-    (events, move |e: &Event| e2.lock().unwrap().push(e.clone()))
-}
 
 /// An entry without a `key` field is acknowledged and reported, and the key's later entries
 /// still run (it blocks nothing).
@@ -690,7 +476,7 @@ fn lost_server_is_an_error_after_the_retry_limit() {
     assert!(started.elapsed() < Duration::from_secs(10));
 }
 
-/// The CLI: a bad argument or an unreachable server exits 1 with one line on stderr.
+/// The CLI: a bad argument or an unreachable server exits 1 at once with one line on stderr.
 #[test]
 fn cli_bad_argument_or_unreachable_server_exits_1() {
     let dir = scratch("cli");
@@ -711,16 +497,132 @@ fn cli_bad_argument_or_unreachable_server_exits_1() {
     let mut unknown = good.clone();
     unknown.push("--frobnicate".into());
     cases.push(("unknown argument", unknown));
+    for (what, flag, value) in [
+        ("zero max attempts", "--max-attempts", "0"),
+        ("non-numeric retry", "--retry-ms", "soon"),
+        ("non-numeric drain", "--drain-ms", "-1"),
+        (
+            "non-numeric reconnect attempts",
+            "--reconnect-attempts",
+            "many",
+        ),
+    ] {
+        let mut a = good.clone();
+        a.extend([flag.to_string(), value.to_string()]);
+        cases.push((what, a));
+    }
     let mut missing_value = good.clone();
     missing_value.push("--work-ms".into());
     cases.push(("option without value", missing_value));
     cases.push(("missing --log", good[..good.len() - 2].to_vec()));
     for (what, args) in cases {
+        let started = Instant::now();
         let out = wait_output(spawn_consumer(&args), Duration::from_secs(20));
+        // At once: reconnecting for ever is for a connection lost while running.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{what}: took {:?}",
+            started.elapsed()
+        );
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{what}: {:?} {err}", out.status);
         let lines: Vec<&str> = err.lines().collect();
         assert_eq!(lines.len(), 1, "{what}: stderr {err:?}");
         assert!(lines[0].starts_with("stream_consumer: "), "{what}: {err:?}");
     }
+}
+
+/// The CLI's `fail` field: an entry fails while its attempt is at most `fail`; with
+/// `--max-attempts 3 --retry-ms 10`, `fail` 0, 1 and 2 succeed (logged once each, after the
+/// key's earlier entries), 3 and 7 go to `{stream}:dead` with 3 attempts and are not logged,
+/// and nothing is left pending.
+#[test]
+fn cli_fail_field_retries_then_dead_letters() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let mut con = server.con();
+    let dir = scratch("fail");
+    let log = dir.join("log");
+    let mut p = Producer::connect(&url, "cf", 2).unwrap();
+    let mut want_logged = Vec::new();
+    let mut want_dead = Vec::new();
+    for i in 0..40u32 {
+        let key = format!("k{}", i % 4);
+        let fail = [0u32, 1, 2, 3, 7][(i % 5) as usize];
+        let id = p
+            .send_fields(
+                None,
+                key.as_bytes(),
+                b"d",
+                &[(b"fail", fail.to_string().as_bytes())],
+            )
+            .unwrap();
+        let part = partition_of(key.as_bytes(), 2);
+        if fail < 3 {
+            want_logged.push((part, id, key));
+        } else {
+            want_dead.push((part, id));
+        }
+    }
+    let args = consumer_args(
+        &url,
+        "cf",
+        2,
+        "c",
+        0,
+        1,
+        &log,
+        &[
+            "--max-attempts",
+            "3",
+            "--retry-ms",
+            "10",
+            "--exit-when-idle-ms",
+            "500",
+        ],
+    );
+    let out = wait_output(spawn_consumer(&args), Duration::from_secs(30));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut logged = read_log(&log);
+    // Per key, in stream order.
+    let mut last: HashMap<String, StreamId> = HashMap::new();
+    for (_, id, key) in &logged {
+        if let Some(prev) = last.insert(key.clone(), *id) {
+            assert!(prev < *id, "key {key}: {id} after {prev}");
+        }
+    }
+    logged.sort();
+    want_logged.sort();
+    assert_eq!(
+        logged, want_logged,
+        "exactly the entries failing < 3 times, once each"
+    );
+    let mut dead: Vec<(u32, StreamId)> = common::xrange(&mut con, "cf:dead")
+        .into_iter()
+        .map(|(_, f)| {
+            assert_eq!(f["attempts"], "3");
+            assert_eq!(f["error"], format!("fail={}, attempt 3", f["fail"]));
+            let p = f["source_stream"]
+                .strip_prefix("cf:")
+                .unwrap()
+                .parse()
+                .unwrap();
+            (p, f["source_id"].parse().unwrap())
+        })
+        .collect();
+    dead.sort();
+    want_dead.sort();
+    assert_eq!(dead, want_dead);
+    for p in 0..2 {
+        assert_eq!(pending_count(&mut con, &format!("cf:{p}"), "g"), 0);
+    }
+    let stats = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stats.contains(&format!("dead_lettered={}", want_dead.len())),
+        "{stats}"
+    );
 }
