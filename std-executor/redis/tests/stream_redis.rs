@@ -1,6 +1,6 @@
 //! The stream module against a real `redis-server` that each test starts on a free loopback
 //! port (a missing `redis-server` binary fails the test: `.ci/run` installs it). Run with
-//! `cargo test -p keyserial-redis --test stream_redis`.
+//! `cargo test -p keyserial-redis --features server-tests --test stream_redis`.
 //!
 //! The consumer processes are the example CLI itself: `examples/stream_consumer.rs` is compiled
 //! into this test binary (`mod cli`) and run in child processes of it (`cli_child`, started with
