@@ -247,7 +247,13 @@ pub(crate) fn bytes(v: Value) -> Option<Vec<u8>> {
 }
 
 pub(crate) fn id_of(v: Value) -> Result<StreamId, StreamError> {
-    match bytes(v.clone()).as_deref().and_then(StreamId::from_bytes) {
+    let text = match &v {
+        Value::BulkString(b) => Some(b.as_slice()),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        Value::VerbatimString { text, .. } => Some(text.as_bytes()),
+        _ => None,
+    };
+    match text.and_then(StreamId::from_bytes) {
         Some(id) => Ok(id),
         None => Err(protocol("an entry ID", &v)),
     }
