@@ -285,8 +285,9 @@ pub(crate) struct RawEntry {
 }
 
 pub(crate) fn entries(v: Value) -> Result<Vec<RawEntry>, StreamError> {
-    let mut out = Vec::new();
-    for e in array(v, "a list of entries")? {
+    let list = array(v, "a list of entries")?;
+    let mut out = Vec::with_capacity(list.len());
+    for e in list {
         let mut pair = array(e, "an entry")?.into_iter();
         let (Some(id), body) = (pair.next(), pair.next()) else {
             return Err(StreamError::Protocol("an empty entry".into()));
