@@ -13,6 +13,10 @@
 //! It starts its own `redis-server` on a free loopback port. Each figure is the median of the
 //! rounds, each round on fresh streams; the time runs from the first read to the last
 //! acknowledgement (read from the statistics handle).
+//!
+//! For profiling (`valgrind --tool=callgrind`): `KEYSERIAL_BENCH_ENTRIES=N` consumes N entries
+//! instead of 200,000, and `KEYSERIAL_BENCH_ONLY=fill|plain|one|two` runs only that part
+//! (`fill`: the producer alone, to subtract).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -27,14 +31,25 @@ use keyserial_redis::{Consumer, Entry, Producer};
 mod server;
 use server::start_server;
 
-const ENTRIES: usize = 200_000;
+/// 200,000, or `KEYSERIAL_BENCH_ENTRIES`.
+fn entries() -> usize {
+    std::env::var("KEYSERIAL_BENCH_ENTRIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000)
+}
+
+/// Whether this part runs (all unless `KEYSERIAL_BENCH_ONLY` names another).
+fn runs(part: &str) -> bool {
+    std::env::var("KEYSERIAL_BENCH_ONLY").map_or(true, |only| only == part)
+}
 const KEYS: usize = 10_000;
 const P: u32 = 8;
 
 /// Fresh streams `{name}:0..8` with the entries.
 fn fill(url: &str, name: &str) {
     let mut p = Producer::connect(url, name, P).unwrap();
-    let keys: Vec<String> = (0..ENTRIES).map(|i| format!("k{}", i % KEYS)).collect();
+    let keys: Vec<String> = (0..entries()).map(|i| format!("k{}", i % KEYS)).collect();
     let batch: Vec<(&[u8], &[u8])> = keys.iter().map(|k| (k.as_bytes(), &b"d"[..])).collect();
     for chunk in batch.chunks(5000) {
         p.send_batch(chunk).unwrap();
@@ -80,7 +95,7 @@ fn plain(url: &str, name: &str, log: &Path) -> Duration {
     }
     let start = Instant::now();
     let mut done = 0;
-    while done < ENTRIES {
+    while done < entries() {
         let mut cmd = redis::cmd("XREADGROUP");
         cmd.arg("GROUP").arg("plain").arg("c").arg("COUNT").arg(256);
         cmd.arg("STREAMS").arg(&streams);
@@ -129,7 +144,7 @@ fn consumers(url: &str, name: &str, group: &str, of: u32, log: &Path) -> Duratio
         .map(|mut c| thread::spawn(move || c.run().unwrap()))
         .collect();
     let acked = || -> u64 { handles.iter().map(|h| h.snapshot().totals.acked).sum() };
-    while acked() < ENTRIES as u64 {
+    while acked() < entries() as u64 {
         thread::sleep(Duration::from_millis(1));
     }
     let took = start.elapsed();
@@ -172,14 +187,21 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("keyserial-cli-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cores = thread::available_parallelism().map_or(1, |n| n.get());
-    println!("workload: {ENTRIES} entries, {KEYS} keys, {P} partitions, 0 ms of work, a log write each; {cores} cores");
+    let n = entries();
+    println!("workload: {n} entries, {KEYS} keys, {P} partitions, 0 ms of work, a log write each; {cores} cores");
     let (mut t_plain, mut t_one, mut t_two) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..rounds {
         let name = format!("cb{r}");
         fill(&url, &name);
-        t_plain.push(plain(&url, &name, &dir.join("plain.log")));
-        t_one.push(consumers(&url, &name, "one", 1, &dir.join("one.log")));
-        t_two.push(consumers(&url, &name, "two", 2, &dir.join("two.log")));
+        if runs("plain") {
+            t_plain.push(plain(&url, &name, &dir.join("plain.log")));
+        }
+        if runs("one") {
+            t_one.push(consumers(&url, &name, "one", 1, &dir.join("one.log")));
+        }
+        if runs("two") {
+            t_two.push(consumers(&url, &name, "two", 2, &dir.join("two.log")));
+        }
         let mut con = redis::Client::open(url.as_str())
             .unwrap()
             .get_connection()
@@ -191,7 +213,20 @@ fn main() {
                 .unwrap();
         }
     }
-    let rate = |d: Duration| ENTRIES as f64 / d.as_secs_f64();
+    let rate = |d: Duration| n as f64 / d.as_secs_f64();
+    if t_plain.is_empty() || t_one.is_empty() || t_two.is_empty() {
+        for (what, t) in [
+            ("plain loop", t_plain),
+            ("one consumer", t_one),
+            ("two consumers", t_two),
+        ] {
+            if !t.is_empty() {
+                println!("{what}: {:.0} entries/s", rate(median(t)));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     let (plain, one, two) = (
         rate(median(t_plain)),
         rate(median(t_one)),

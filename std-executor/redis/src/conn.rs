@@ -247,7 +247,13 @@ pub(crate) fn bytes(v: Value) -> Option<Vec<u8>> {
 }
 
 pub(crate) fn id_of(v: Value) -> Result<StreamId, StreamError> {
-    match bytes(v.clone()).as_deref().and_then(StreamId::from_bytes) {
+    let text = match &v {
+        Value::BulkString(b) => Some(b.as_slice()),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        Value::VerbatimString { text, .. } => Some(text.as_bytes()),
+        _ => None,
+    };
+    match text.and_then(StreamId::from_bytes) {
         Some(id) => Ok(id),
         None => Err(protocol("an entry ID", &v)),
     }
@@ -279,8 +285,9 @@ pub(crate) struct RawEntry {
 }
 
 pub(crate) fn entries(v: Value) -> Result<Vec<RawEntry>, StreamError> {
-    let mut out = Vec::new();
-    for e in array(v, "a list of entries")? {
+    let list = array(v, "a list of entries")?;
+    let mut out = Vec::with_capacity(list.len());
+    for e in list {
         let mut pair = array(e, "an entry")?.into_iter();
         let (Some(id), body) = (pair.next(), pair.next()) else {
             return Err(StreamError::Protocol("an empty entry".into()));

@@ -387,11 +387,12 @@ impl Group {
         for f in parts {
             let ids = f.acks.iter().chain(f.dead.iter().map(|d| &d.entry.id));
             let ids: Vec<&StreamId> = ids.collect();
+            let mut buf = [0u8; 41];
             for chunk in ids.chunks(1000) {
                 let mut cmd = redis::cmd("XACK");
                 cmd.arg(f.stream).arg(&self.group);
                 for id in chunk {
-                    cmd.arg(id.to_string());
+                    cmd.arg(id.write_to(&mut buf));
                 }
                 pipe.add_command(cmd).ignore();
             }

@@ -50,13 +50,59 @@ impl StreamId {
     /// assert_eq!(StreamId::from_bytes(b"3-"), None);
     /// ```
     pub fn from_bytes(b: &[u8]) -> Option<Self> {
-        std::str::from_utf8(b).ok()?.parse().ok()
+        // The same text as `FromStr` accepts (two non-empty runs of ASCII digits, each a `u64`,
+        // joined by one `-`), parsed without going through `str` (once per entry read).
+        let dash = b.iter().position(|&c| c == b'-')?;
+        Some(StreamId {
+            ms: decimal(&b[..dash])?,
+            seq: decimal(&b[dash + 1..])?,
+        })
     }
+
+    /// Writes `ms-seq` into `buf` (the longest ID, two `u64::MAX`, is 41 bytes) and returns
+    /// the bytes written: an ID as a command argument without a `String` (once per entry
+    /// acknowledged).
+    pub(crate) fn write_to(self, buf: &mut [u8; 41]) -> &[u8] {
+        let mut at = buf.len();
+        for (k, mut n) in [self.seq, self.ms].into_iter().enumerate() {
+            if k == 1 {
+                at -= 1;
+                buf[at] = b'-';
+            }
+            loop {
+                at -= 1;
+                buf[at] = b'0' + (n % 10) as u8;
+                n /= 10;
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        &buf[at..]
+    }
+}
+
+/// A non-empty run of ASCII digits as a `u64` (`None` if it is anything else or overflows).
+fn decimal(b: &[u8]) -> Option<u64> {
+    if b.is_empty() {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &c in b {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
+    }
+    Some(n)
 }
 
 impl fmt::Display for StreamId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}-{}", self.ms, self.seq)
+        let mut buf = [0u8; 41];
+        let text = self.write_to(&mut buf);
+        // Only ASCII digits and `-` were written.
+        f.write_str(std::str::from_utf8(text).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -131,5 +177,40 @@ mod tests {
             "18446744073709551615-18446744073709551615".parse::<StreamId>(),
             Ok(StreamId::new(u64::MAX, u64::MAX))
         );
+    }
+
+    #[test]
+    fn bytes_parse_and_write_as_text_does() {
+        for text in [
+            "",
+            "1",
+            "-1",
+            "1-",
+            "a-1",
+            "1-b",
+            "1-2-3",
+            "+1-2",
+            "1-+2",
+            "1 -2",
+            "0-0",
+            "9-10",
+            "1700000000000-7",
+            "18446744073709551616-0",
+            "0-18446744073709551616",
+            "18446744073709551615-18446744073709551615",
+            "00012-003",
+        ] {
+            let parsed = text.parse::<StreamId>().ok();
+            assert_eq!(StreamId::from_bytes(text.as_bytes()), parsed, "{text:?}");
+            if let Some(id) = parsed {
+                let mut buf = [0u8; 41];
+                assert_eq!(
+                    id.write_to(&mut buf),
+                    format!("{}-{}", id.ms, id.seq).as_bytes()
+                );
+                assert_eq!(id.to_string(), format!("{}-{}", id.ms, id.seq));
+            }
+        }
+        assert_eq!(StreamId::from_bytes(b"\xff-1"), None);
     }
 }

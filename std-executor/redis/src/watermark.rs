@@ -136,13 +136,20 @@ impl<I: Ord + Clone> Watermark<I> {
         if part.mark.as_ref().is_some_and(|m| id <= *m) {
             return Err(TrackError::AtOrBelowMark);
         }
-        if part.outstanding.contains(&id) || part.done.contains(&id) {
+        if part.done.contains(&id) {
             return Err(TrackError::Duplicate);
         }
         if part.outstanding.len() + part.done.len() >= self.limit {
-            return Err(TrackError::Full);
+            return Err(if part.outstanding.contains(&id) {
+                TrackError::Duplicate
+            } else {
+                TrackError::Full
+            });
         }
-        part.outstanding.insert(id);
+        // Below the limit: one search both checks for a duplicate and inserts.
+        if !part.outstanding.insert(id) {
+            return Err(TrackError::Duplicate);
+        }
         Ok(())
     }
 
@@ -162,6 +169,13 @@ impl<I: Ord + Clone> Watermark<I> {
         };
         if !part.outstanding.remove(id) {
             return false;
+        }
+        // In order (the common case): nothing done beyond the mark and `id` below every
+        // outstanding ID, so the mark moves to `id` (what the loop below would do, without
+        // putting it in the done set and taking it out again).
+        if part.done.is_empty() && part.outstanding.first().is_none_or(|o| id < o) {
+            part.mark = Some(id.clone());
+            return true;
         }
         part.done.insert(id.clone());
         // Every done ID below the lowest outstanding one has nothing undone before it.
