@@ -209,6 +209,7 @@ mod stats;
 
 // Shared state.
 mod lifecycle;
+mod room_queue;
 mod shared;
 mod slot;
 mod sync;
@@ -275,7 +276,7 @@ pub use handle::TaskHandle;
 pub use pending::PendingTask;
 pub use policy::PanicPolicy;
 pub use semaphore::{Acquire, AcquireError, Permit, Semaphore};
-pub use serializer::Serializer;
+pub use serializer::{Reservation, Serializer};
 pub use stats::{KeyStats, Stats};
 
 /// Internals exposed to the loom models in `loom/` (only under `cfg(loom)`).

@@ -104,14 +104,19 @@ where
     }
 
     /// `execute_async`: as `submit_future`, without a handle.
-    pub(super) fn execute_future<Fut>(&self, key: K, fut: Fut) -> Result<(), Rejected<Fut>>
+    pub(super) fn execute_future<Fut>(
+        &self,
+        key: K,
+        fut: Fut,
+        mode: Mode,
+    ) -> Result<(), Rejected<Fut>>
     where
         Fut: Future<Output = ()> + Send + 'static,
     {
         let mut slot = Some(fut);
         let sh = &*self.shared;
         let traced = crate::trace::origin(sh.labeler(), Some(&key), |k| sh.hash_of(k));
-        self.admit(Some(key), Kind::Future, Mode::Block, |_| {
+        self.admit(Some(key), Kind::Future, mode, |_| {
             let fut = crate::trace::wrap_future(traced, slot.take().expect("built once"));
             LaneTask::node(future_task::make::<_, K>(fut, None))
         })
@@ -173,16 +178,21 @@ where
             crate::trace::rejected(reason);
             Err(reason)
         };
-        if sh.lifecycle().is_shutdown() {
-            return refuse(RejectReason::Shutdown);
+        if matches!(mode, Mode::Block) {
+            // Before anything is admitted or refused (DESIGN 3.1c: in every case).
+            self.forbid_blocking_submit_in_runtime();
         }
+        let reserved = matches!(mode, Mode::Reserved(_));
         let reservation = match &sh.capacity() {
             None => Reservation::unlimited(),
+            // The slot a `Reservation` took (given back if refused below).
+            Some(cap) if reserved => Reservation::taken(cap),
+            Some(_) if sh.lifecycle().is_shutdown() => return refuse(RejectReason::Shutdown),
             Some(cap) => {
                 let ok = if worker::current_worker::<K>(sh.id()).is_some() {
                     cap.force_reserve();
                     true
-                } else if mode == Mode::Try {
+                } else if matches!(mode, Mode::Try) {
                     cap.try_reserve()
                 } else {
                     cap.reserve(|| sh.gate().is_closed() || sh.lifecycle().is_shutdown())
@@ -199,6 +209,9 @@ where
                 Reservation::taken(cap)
             }
         };
+        if sh.lifecycle().is_shutdown() {
+            return refuse(RejectReason::Shutdown);
+        }
         let Some(key) = key else {
             // An unkeyed task is admitted by the gate.
             let Some(ticket) = sh.gate().enter() else {
@@ -286,8 +299,16 @@ where
         let lane = sh.lanes().index_of(hash);
         let epoch = sh.register_epoch();
         let mut guard = epoch.pin();
+        let reserved = matches!(mode, Mode::Reserved(_));
+        let try_mode = matches!(mode, Mode::Try);
+        // A `Reservation`'s share, for a key that was not live at `reserve` (given back by
+        // `entry_of` if the key is live by now).
+        let mut share = match mode {
+            Mode::Reserved(share) => share,
+            Mode::Block | Mode::Try => None,
+        };
         let mut entry = loop {
-            match entry_of(sh, &key, lane, hash, &guard, None) {
+            match entry_of(sh, &key, lane, hash, &guard, share.take()) {
                 Ok(e) if !e.value().chain.is_retired() => break e,
                 Ok(_) => continue, // released under us: again
                 Err(()) => {}
@@ -298,7 +319,13 @@ where
             if !in_hook && crate::idle::release_one_idle(sh) {
                 continue;
             }
-            if mode == Mode::Try || local.is_some() || in_hook {
+            if reserved {
+                // Through a reservation, never refused for room: its key was live at `reserve`
+                // and has been released since. It takes a share over the limit (documented).
+                share = Some(KeyBudget::force_take(budget));
+                continue;
+            }
+            if try_mode || local.is_some() || in_hook {
                 return refuse(RejectReason::TooManyKeys);
             }
             if sh.gate().is_closed() || sh.lifecycle().is_shutdown() {
@@ -438,7 +465,7 @@ where
 }
 
 /// The key's entry in the table if it is live (not retired).
-fn live_entry<'g, K>(
+pub(super) fn live_entry<'g, K>(
     sh: &'g crate::shared::Shared<K>,
     key: &K,
     guard: &'g crossbeam_epoch::Guard,

@@ -6,8 +6,12 @@
 //! `Drop`).
 
 mod admit;
+mod blocking;
 mod keys;
+mod reserve;
 mod shutdown;
+
+pub use reserve::Reservation;
 
 use std::fmt;
 use std::hash::Hash;
@@ -112,6 +116,21 @@ use crate::worker::{self};
 ///
 /// To bound the wait, use `shutdown_timeout` before dropping.
 ///
+/// # Inside a tokio runtime (Cargo feature `tokio`)
+///
+/// A serializer built with [`capacity`](crate::Builder::capacity) or
+/// [`max_keys`](crate::Builder::max_keys) may make a submission wait for room, and the futures
+/// that would free it may need the very thread that waits (a current-thread runtime's timer).
+/// So on such a serializer every **blocking** submission (`submit`, `execute`, `spawn`,
+/// `submit_with_state`, `submit_latest`, `submit_distinct`, `submit_with_permits`,
+/// `submit_async`, `execute_async`, `submit_async_with_state`) made on a thread inside a tokio
+/// runtime (a task, `block_on`, `spawn_blocking`) **panics at once**, whether or not it would
+/// have waited, and admits nothing (as tokio's `blocking_send` does); the message names the
+/// ways that never block: [`reserve(..).await`](Self::reserve) and the `try_` forms. Without
+/// those bounds nothing blocks and nothing panics; submissions from inside the serializer's own
+/// tasks never block and never panic. [`await_termination`](Self::await_termination) on such a
+/// thread panics too, naming [`terminated().await`](Self::terminated).
+///
 /// ```
 /// use std::sync::{Arc, Mutex};
 /// use keyserial::Serializer;
@@ -173,11 +192,17 @@ where
     }
 }
 
-/// How a submission behaves when the serializer is at capacity.
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// How a submission behaves when the serializer is at capacity (or, with a key budget, at
+/// its limit of keys).
 enum Mode {
+    /// Waits for room (`submit`).
     Block,
+    /// Refused without room (`try_submit`).
     Try,
+    /// Through a [`Reservation`]: its capacity slot (if the serializer has a capacity) is
+    /// taken already, and so is its share of the key budget if the key was not live; never
+    /// refused for room (a key released since takes a share even over the limit).
+    Reserved(Option<crate::key_budget::KeyShare>),
 }
 
 impl<K, S> Serializer<K, S>
@@ -225,6 +250,12 @@ where
     ///
     /// # Errors
     /// `Rejected { reason: Shutdown, task }` after [`shutdown`](Self::shutdown).
+    ///
+    /// # Panics
+    /// On a serializer with `capacity` or `max_keys`, called on a thread inside a tokio
+    /// runtime (see [Inside a tokio runtime](Self#inside-a-tokio-runtime-cargo-feature-tokio)):
+    /// use [`reserve(..).await`](Self::reserve) or [`try_submit`](Self::try_submit) there. The
+    /// same holds for every blocking submission.
     ///
     /// ```
     /// let s: keyserial::Serializer<u32> = keyserial::Serializer::new();
@@ -275,10 +306,18 @@ where
     where
         F: FnOnce() + Send + 'static,
     {
+        self.execute_with(key, task, Mode::Block)
+    }
+
+    /// `execute` in any mode.
+    fn execute_with<F>(&self, key: K, task: F, mode: Mode) -> Result<(), Rejected<F>>
+    where
+        F: FnOnce() + Send + 'static,
+    {
         let mut slot = Some(task);
         let sh = &*self.shared;
         let origin = crate::trace::origin(sh.labeler(), Some(&key), |k| sh.hash_of(k));
-        self.admit(Some(key), Kind::Plain, Mode::Block, |_| {
+        self.admit(Some(key), Kind::Plain, mode, |_| {
             LaneTask::execute(crate::trace::wrap(origin, slot.take().expect("built once")))
         })
         .map_err(|reason| Rejected {
@@ -543,7 +582,7 @@ where
     where
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
-        self.execute_future(key, fut)
+        self.execute_future(key, fut, Mode::Block)
     }
 
     /// Runs an unkeyed task: never serialized with anything. Blocks while at capacity.
