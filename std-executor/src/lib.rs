@@ -60,8 +60,8 @@
 //! ```
 //!
 //! With Cargo feature `tokio`, `Builder::tokio_handle` lets those futures use tokio's timers
-//! and sockets. A future that needs a key's per-key data can get it from a closure task of the
-//! key that hands it over (`submit`, then `submit_async` with what it returned).
+//! and sockets. A future that needs its key's state takes it by value with
+//! [`Serializer::submit_async_with_state`] and gives it back when it ends.
 //!
 //! ## ⚠ A task must never wait for a later task of its own key
 //!

@@ -356,6 +356,10 @@ fn blocking_calls_in_a_runtime_panic_naming_the_async_way() {
                 "execute_async",
                 Box::new(|s| drop(s.execute_async(1, async {}))),
             ),
+            (
+                "submit_async_with_state",
+                Box::new(|s| drop(s.submit_async_with_state(1, |u: ()| async move { (u, ()) }))),
+            ),
         ];
         rt.block_on(async {
             for (name, call) in &calls {
@@ -405,4 +409,65 @@ fn blocking_calls_in_a_runtime_panic_naming_the_async_way() {
         })
         .unwrap();
     assert_eq!(h.join().unwrap(), "inner");
+}
+
+/// Every kind of submission through a reservation, each in its key's order at the moment it
+/// is submitted (not at `reserve`), with the room handed on: the accounting ends exact.
+#[test]
+fn every_submission_through_a_reservation_is_ordered_when_submitted() {
+    let rt = current_thread();
+    let s = Builder::<u32>::new()
+        .workers(2)
+        .capacity(2)
+        .max_keys(2)
+        .key_state(|_| Vec::<&str>::new())
+        .build()
+        .unwrap();
+    let st =
+        rt.block_on(async {
+            let early = s.reserve(1).await.unwrap(); // reserved first, used last
+            s.reserve(1)
+                .await
+                .unwrap()
+                .submit_with_state(|v: &mut Vec<&str>| v.push("a"))
+                .unwrap()
+                .await
+                .unwrap();
+            let h = s.reserve(1).await.unwrap().submit_async_with_state(
+                |mut v: Vec<&str>| async move {
+                    v.push("b");
+                    (v, ())
+                },
+            );
+            h.unwrap().await.unwrap();
+            s.reserve(1).await.unwrap().execute(|| ()).unwrap();
+            s.reserve(1).await.unwrap().execute_async(async {}).unwrap();
+            s.reserve(1)
+                .await
+                .unwrap()
+                .submit_async(async {})
+                .unwrap()
+                .await
+                .unwrap();
+            s.reserve(1)
+                .await
+                .unwrap()
+                .submit(|| ())
+                .unwrap()
+                .await
+                .unwrap();
+            early
+                .submit_with_state(|v: &mut Vec<&str>| {
+                    v.push("early");
+                    v.clone()
+                })
+                .unwrap()
+                .await
+                .unwrap()
+        });
+    assert_eq!(st, ["a", "b", "early"]);
+    s.shutdown();
+    assert!(s.await_termination(SECS));
+    let stats = s.stats();
+    assert_eq!((stats.completed, stats.queued, stats.rejected), (7, 0, 0));
 }

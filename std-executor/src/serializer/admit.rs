@@ -118,7 +118,7 @@ where
         let traced = crate::trace::origin(sh.labeler(), Some(&key), |k| sh.hash_of(k));
         self.admit(Some(key), Kind::Future, mode, |_| {
             let fut = crate::trace::wrap_future(traced, slot.take().expect("built once"));
-            LaneTask::node(future_task::make::<_, K>(fut, None))
+            LaneTask::node(future_task::make::<_, K>(fut, None, false))
         })
         .map_err(|reason| Rejected {
             reason,
@@ -138,7 +138,26 @@ where
         Fut: Future + Send + 'static,
         Fut::Output: Send + 'static,
     {
-        let mut slot = Some(fut);
+        self.submit_future_of(key, fut, |fut| fut, false, mode)
+    }
+
+    /// `submit_future` for a future `make` makes from the user's `F` once it is sure to be
+    /// admitted (a refusal hands back `F` untouched); `takes_state`: a future of
+    /// `submit_async_with_state`, polled with its key's state at hand.
+    pub(super) fn submit_future_of<F, Fut>(
+        &self,
+        key: K,
+        task: F,
+        make: impl FnOnce(F) -> Fut,
+        takes_state: bool,
+        mode: Mode,
+    ) -> Result<TaskHandle<Fut::Output>, Rejected<F>>
+    where
+        F: Send + 'static,
+        Fut: Future + Send + 'static,
+        Fut::Output: Send + 'static,
+    {
+        let mut slot = Some(task);
         let mut handle = None;
         let mut origin = Some(self.origin_of(Some(&key), Kind::Future));
         let sh = &*self.shared;
@@ -146,8 +165,8 @@ where
         self.admit(Some(key), Kind::Future, mode, |_| {
             let state = JoinState::new(origin.take().unwrap_or_default());
             handle = Some(TaskHandle::new(state.clone()));
-            let fut = crate::trace::wrap_future(traced, slot.take().expect("built once"));
-            LaneTask::node(future_task::make::<_, K>(fut, Some(state)))
+            let fut = crate::trace::wrap_future(traced, make(slot.take().expect("built once")));
+            LaneTask::node(future_task::make::<_, K>(fut, Some(state), takes_state))
         })
         .map(|()| handle.take().expect("handle made with the task"))
         .map_err(|reason| Rejected {

@@ -336,8 +336,8 @@ where
     ///
     /// A handed-back state task (from [`shutdown_now`](Self::shutdown_now) or
     /// [`cancel_key`](Self::cancel_key)) runs, when its [`PendingTask`] is run, against its
-    /// key's state (see [`PendingTask::run`] for the details). Futures do not
-    /// take state: a state task can hand what a future needs to `submit_async` (clone it out).
+    /// key's state (see [`PendingTask::run`] for the details). A future takes the state with
+    /// [`submit_async_with_state`](Self::submit_async_with_state).
     ///
     /// # Errors
     /// As [`submit`](Self::submit).
@@ -557,6 +557,78 @@ where
         self.submit_future(key, fut, Mode::Try)
     }
 
+    /// Submits a future that owns its key's state while it runs: when the task starts, `f` gets
+    /// the state **by value** (made by `init` if the key has none, see
+    /// [`Builder::key_state`](crate::Builder::key_state)), and the future it returns gives the
+    /// state back with its output, `(state, output)`. Until the future completes no other task
+    /// of the key runs (as for any future task), so the state is the future's alone: "await a
+    /// DB call, then update the user's state" is one task, never interleaved with the key's
+    /// other requests. Blocks while at capacity, like [`submit_async`](Self::submit_async).
+    ///
+    /// - **A panic loses the state**: a panic in `f` or in the future's `poll` resolves the
+    ///   handle `Panicked`, and the state it held is dropped with it: the key's next state
+    ///   task gets a fresh one from `init`, and the release hook is never called for the lost
+    ///   one.
+    /// - **Shutdown**: after [`shutdown_now`](Self::shutdown_now), one that has not started is
+    ///   handed back like any state task (its [`PendingTask::run`] drives it on the calling
+    ///   thread, against the key's handed-back state); a started one that is pending is
+    ///   dropped with the state it holds (its handle resolves
+    ///   [`Cancelled`](crate::TaskError::Cancelled); the hook is not called for that state).
+    ///
+    /// # Errors
+    /// `Rejected { reason: Shutdown, task }` after [`shutdown`](Self::shutdown), with `f`.
+    ///
+    /// ```
+    /// use keyserial::Builder;
+    /// let s = Builder::<&str>::new().key_state(|_| Vec::new()).build().unwrap();
+    /// for i in 0..3u32 {
+    ///     s.submit_async_with_state("alice", move |mut seen: Vec<u32>| async move {
+    ///         let fetched = async { i * 10 }.await; // a DB call, say
+    ///         seen.push(fetched);
+    ///         (seen, ())
+    ///     })
+    ///     .unwrap();
+    /// }
+    /// let all = s.submit_with_state("alice", |seen: &mut Vec<u32>| seen.clone()).unwrap();
+    /// assert_eq!(all.join().unwrap(), [0, 10, 20]);
+    /// ```
+    pub fn submit_async_with_state<F, Fut, T>(
+        &self,
+        key: K,
+        f: F,
+    ) -> Result<TaskHandle<T>, Rejected<F>>
+    where
+        F: FnOnce(S) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = (S, T)> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.submit_future_of(key, f, state_future, true, Mode::Block)
+    }
+
+    /// [`submit_async_with_state`](Self::submit_async_with_state) that never blocks: at
+    /// capacity `f` comes back in `Rejected { reason: Full, task }`.
+    ///
+    /// ```
+    /// use keyserial::Builder;
+    /// let s = Builder::<u8>::new().key_state(|_| 1u64).build().unwrap();
+    /// let h = s
+    ///     .try_submit_async_with_state(1, |n: u64| async move { (n * 2, n) })
+    ///     .unwrap();
+    /// assert_eq!(h.join().unwrap(), 1);
+    /// ```
+    pub fn try_submit_async_with_state<F, Fut, T>(
+        &self,
+        key: K,
+        f: F,
+    ) -> Result<TaskHandle<T>, Rejected<F>>
+    where
+        F: FnOnce(S) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = (S, T)> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.submit_future_of(key, f, state_future, true, Mode::Try)
+    }
+
     /// Submits a future for `key` without a handle: [`submit_async`](Self::submit_async) as
     /// [`execute`](Self::execute) is to [`submit`](Self::submit) (the cheapest way to run a
     /// future in its key's order; one allocation per future). Blocks while at capacity. A panic
@@ -625,6 +697,22 @@ where
             rejected: t.rejected,
         }
     }
+}
+
+/// The future of a `submit_async_with_state` task: takes its key's state when it starts,
+/// gives it back when it ends (`state.rs`: polled with the state at hand, `takes_state`). A
+/// panic in `f` or in `poll` loses the state, which was moved into them.
+async fn state_future<S, F, Fut, T>(f: F) -> T
+where
+    S: Send + 'static,
+    F: FnOnce(S) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = (S, T)> + Send + 'static,
+    T: Send + 'static,
+{
+    let state: S = crate::state::take_current();
+    let (state, out) = f(state).await;
+    crate::state::put_current(state);
+    out
 }
 
 #[allow(dead_code)]

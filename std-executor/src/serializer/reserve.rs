@@ -440,6 +440,39 @@ where
     }
 }
 
+impl<K, S> Reservation<'_, K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: Send + 'static,
+{
+    /// Submits a future that owns its key's state while it runs, as
+    /// [`Serializer::submit_async_with_state`] does, with the reserved room: never blocks.
+    ///
+    /// # Errors
+    /// `Rejected { reason: Shutdown, task }` if the serializer was shut down since `reserve`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "tokio")] {
+    /// # let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// # rt.block_on(async {
+    /// let s = keyserial::Builder::<u8>::new().capacity(8).key_state(|_| 0u32).build().unwrap();
+    /// let room = s.reserve(1).await.unwrap();
+    /// let h = room.submit_async_with_state(|n: u32| async move { (n + 1, n + 1) }).unwrap();
+    /// assert_eq!(h.await.unwrap(), 1);
+    /// # });
+    /// # }
+    /// ```
+    pub fn submit_async_with_state<F, Fut, T>(mut self, f: F) -> Result<TaskHandle<T>, Rejected<F>>
+    where
+        F: FnOnce(S) -> Fut + Send + 'static,
+        Fut: Future<Output = (S, T)> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (s, key, mode) = self.take();
+        s.submit_future_of(key, f, super::state_future, true, mode)
+    }
+}
+
 impl<K, S> Drop for Reservation<'_, K, S>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,

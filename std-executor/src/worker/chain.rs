@@ -248,6 +248,7 @@ where
         // We own the chain: its head future is ours to poll, not parked any more.
         ks.parked_future
             .store(std::ptr::null_mut(), Ordering::Relaxed);
+        let takes_state = task.takes_state();
         // SAFETY: nodes of kind `Future` are made only by `future_task::make::<_, K>`.
         let job = unsafe { future_task::head_of::<K>(&task) };
         let first = !job.started();
@@ -289,12 +290,29 @@ where
             // A guard with feature `tokio`, `()` without it.
             #[allow(clippy::let_unit_value)]
             let _runtime = self.shared.config().enter_runtime();
-            job.poll_here(&|panicked| {
-                self.finish_task(panicked);
-                if panicked && self.pauses_on_panic() {
-                    ks.control.pause();
-                }
-            })
+            let poll = || {
+                job.poll_here(&|panicked| {
+                    self.finish_task(panicked);
+                    if panicked && self.pauses_on_panic() {
+                        ks.control.pause();
+                    }
+                })
+            };
+            if takes_state {
+                // `submit_async_with_state`: every poll with the key's state at hand (the
+                // first takes it, the last gives it back: `state.rs`).
+                // SAFETY: we own the chain, so its key's state is ours to hand over.
+                let slot = unsafe { ks.state.slot() };
+                let mut source = crate::state::EntrySource {
+                    slot,
+                    // SAFETY: we own the chain, so the entry is alive.
+                    key: unsafe { entry_ptr.as_ref() }.key(),
+                    init: &*self.shared.state_hooks().init,
+                };
+                crate::state::run_with(&mut source, poll)
+            } else {
+                poll()
+            }
         };
         let after = self.slot.phase.leave_running();
         if polled.is_ready() {
