@@ -107,6 +107,11 @@ fn a_dropped_reserve_future_passes_its_slot_on() {
     assert!(wait_until(SECS, || s.stats().completed == 2));
     // The queued task started: its slot went to `a`, which is dropped without using it.
     assert!(poll_once(c.as_mut()).is_pending(), "a has the slot");
+    assert_eq!(
+        s.try_submit(9, || ()).unwrap_err().reason,
+        RejectReason::Full,
+        "the freed slot was handed over, not left for a newcomer"
+    );
     drop(a);
     let room = match poll_once(c.as_mut()) {
         Poll::Ready(r) => r.unwrap(),
@@ -470,4 +475,52 @@ fn every_submission_through_a_reservation_is_ordered_when_submitted() {
     assert!(s.await_termination(SECS));
     let stats = s.stats();
     assert_eq!((stats.completed, stats.queued, stats.rejected), (7, 0, 0));
+}
+
+/// Under `max_keys`, a share handed to a `reserve` future that is then dropped goes on to the
+/// next waiter for key room; waiters for key room are served in arrival order.
+#[test]
+fn a_dropped_reserve_future_passes_its_key_share_on() {
+    let s = Builder::<u32>::new()
+        .workers(1)
+        .max_keys(1)
+        .key_idle_timeout(Duration::ZERO) // a drained key is released at once
+        .build()
+        .unwrap();
+    let gate = block_worker(&s, 1);
+    let mut a = Box::pin(s.reserve(2));
+    let mut b = Box::pin(s.reserve(3));
+    let mut c = Box::pin(s.reserve(4));
+    assert!(poll_once(a.as_mut()).is_pending());
+    assert!(poll_once(b.as_mut()).is_pending());
+    assert!(poll_once(c.as_mut()).is_pending());
+    drop(gate); // key 1 drains and is released: its share goes to `a`
+    assert!(wait_until(SECS, || s.stats().completed == 1));
+    assert!(wait_until(SECS, || s.stats().active_keys == 1));
+    assert!(poll_once(c.as_mut()).is_pending());
+    assert_eq!(
+        s.try_submit(5, || ()).unwrap_err().reason,
+        RejectReason::TooManyKeys,
+        "the share was handed over"
+    );
+    drop(a); // granted, never used: on to `b`
+    let room = match poll_once(b.as_mut()) {
+        Poll::Ready(r) => r.unwrap(),
+        Poll::Pending => panic!("the share went on to b"),
+    };
+    assert!(poll_once(c.as_mut()).is_pending(), "c comes after b");
+    let h = room.submit(|| 3).unwrap();
+    assert_eq!(h.join().unwrap(), 3);
+    // Key 3 drained and was released: its share goes to `c`.
+    let mut got = None;
+    assert!(wait_until(SECS, || {
+        if let Poll::Ready(r) = poll_once(c.as_mut()) {
+            got = Some(r.unwrap());
+        }
+        got.is_some()
+    }));
+    let room = got.unwrap();
+    drop(room);
+    assert_eq!(s.stats().active_keys, 0, "every share back");
+    assert_eq!(s.try_submit(5, || 5).unwrap().join().unwrap(), 5);
 }
