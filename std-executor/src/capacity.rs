@@ -47,7 +47,7 @@
 //! A blocking submitter then waits for a release with no async waiter left (mixing both kinds
 //! of waiters on one serializer serves the async ones first).
 //!
-//! Loom: `loom/tests/executor.rs` (`capacity_*`).
+//! Loom: `loom/tests/executor.rs` (`capacity_*`; the async waiters: `capacity_async_*`).
 
 use std::time::Duration;
 
@@ -297,6 +297,29 @@ fn spun_enough(backoff: &crossbeam_utils::Backoff, rounds: u32) -> bool {
     {
         let _ = backoff;
         rounds >= 1
+    }
+}
+
+/// The async waiters' side for the loom models (`loom/tests/executor.rs`, `capacity_async_*`),
+/// over the real code (`cfg(loom)` only).
+#[cfg(loom)]
+pub mod loom_hooks {
+    use super::*;
+
+    /// A `reserve` future's waiter.
+    #[derive(Default)]
+    pub struct AsyncWaiter(Option<Arc<Waiter>>);
+
+    /// [`Capacity::poll_reserve`], never closed.
+    pub fn poll(cap: &Capacity, w: &mut AsyncWaiter, waker: &Waker) -> Poll<bool> {
+        cap.poll_reserve(&mut w.0, waker, || false)
+    }
+
+    /// [`Capacity::cancel_reserve`] of a waiter (nothing if it is done or never waited).
+    pub fn cancel(cap: &Capacity, w: AsyncWaiter) {
+        if let Some(w) = w.0 {
+            cap.cancel_reserve(w);
+        }
     }
 }
 

@@ -284,6 +284,7 @@ pub use stats::{KeyStats, Stats};
 #[doc(hidden)]
 pub mod loom_api {
     pub use crate::baton::loom_hooks as baton;
+    pub use crate::capacity::loom_hooks as capacity_async;
     pub use crate::capacity::Capacity;
     pub use crate::control::{Control, Resumed};
     pub use crate::deferral::loom_hooks as deferral;

@@ -46,8 +46,8 @@ where
     pub(super) fn forbid_blocking_submit_in_runtime(&self) {
         let sh = &*self.shared;
         if (sh.capacity().is_some() || sh.budget().is_some())
-            && crate::worker::current_worker::<K>(sh.id()).is_none()
             && in_tokio_runtime()
+            && crate::worker::current_worker::<K>(sh.id()).is_none()
         {
             panic!("{BLOCKING_SUBMIT_IN_RUNTIME}");
         }
@@ -55,7 +55,7 @@ where
 
     /// Panics if `await_termination` is called on a thread inside a tokio runtime.
     pub(super) fn forbid_await_termination_in_runtime(&self) {
-        if crate::worker::current_worker::<K>(self.shared.id()).is_none() && in_tokio_runtime() {
+        if in_tokio_runtime() && crate::worker::current_worker::<K>(self.shared.id()).is_none() {
             panic!("{AWAIT_TERMINATION_IN_RUNTIME}");
         }
     }
