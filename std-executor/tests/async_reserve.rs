@@ -425,6 +425,7 @@ fn every_submission_through_a_reservation_is_ordered_when_submitted() {
         .workers(2)
         .capacity(2)
         .max_keys(2)
+        .key_idle_timeout(Duration::from_secs(600)) // the key keeps its state between tasks
         .key_state(|_| Vec::<&str>::new())
         .build()
         .unwrap();

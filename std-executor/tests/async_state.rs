@@ -29,12 +29,17 @@ impl Future for YieldN {
 
 const SECS: Duration = Duration::from_secs(10);
 
+/// An idle timeout far past any test: a key (and its state) must stay live between its tasks
+/// even when a panic's backtrace, printed on a loaded machine, outlasts the default 100 ms.
+const IDLE: Duration = Duration::from_secs(600);
+
 /// The future gets the key's state by value and gives it back; nothing else of the key runs
 /// until it completes (its yields let other keys run, never its own), and the key's state and
 /// plain tasks see everything in submission order.
 #[test]
 fn the_future_owns_the_state_and_the_key_waits_for_it() {
     let s = Builder::<u32>::new()
+        .key_idle_timeout(IDLE)
         .workers(2)
         .key_state(|_| Vec::<String>::new())
         .build()
@@ -124,6 +129,7 @@ fn a_panic_loses_only_that_keys_state() {
     let released = Arc::new(Mutex::new(Vec::new()));
     let (i2, r2) = (inits.clone(), released.clone());
     let s = Builder::<u32>::new()
+        .key_idle_timeout(IDLE)
         .workers(1)
         .key_state(move |_| (i2.fetch_add(1, Ordering::SeqCst), 0u32)) // (serial, count)
         .on_key_release(move |k, st| r2.lock().unwrap().push((k, st)))
@@ -211,6 +217,7 @@ fn shutdown_now_drops_a_started_one_with_its_state_and_hands_back_the_rest() {
     let released = Arc::new(Mutex::new(Vec::new()));
     let (n, d, r) = (serial.clone(), dropped.clone(), released.clone());
     let s = Builder::<u32>::new()
+        .key_idle_timeout(IDLE)
         .workers(1)
         .key_state(move |_| Tracked {
             serial: n.fetch_add(1, Ordering::SeqCst),
@@ -276,6 +283,7 @@ fn shutdown_now_drops_a_started_one_with_its_state_and_hands_back_the_rest() {
 #[test]
 fn cancel_key_hands_one_back_that_runs_against_the_keys_state() {
     let s = Builder::<u32>::new()
+        .key_idle_timeout(IDLE)
         .workers(1)
         .key_state(|_| 10u32)
         .build()
