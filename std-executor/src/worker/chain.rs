@@ -240,7 +240,7 @@ where
     /// owns (`future_task.rs`: "Where a future lives" and "The wake state"). The node stays
     /// where it is: put back at the chain's head while the future is pending, freed once it is
     /// done.
-    fn poll_future(&mut self, owned: Owned<K>, task: TaskRef) -> Polled<K> {
+    fn poll_future(&mut self, mut owned: Owned<K>, task: TaskRef) -> Polled<K> {
         let entry_ptr = owned.ptr();
         // SAFETY: we own the chain, so the entry is alive while the baton is ours; past a hand-
         // over below (the park) neither `ks` nor `owned` is used.
@@ -301,12 +301,11 @@ where
             if takes_state {
                 // `submit_async_with_state`: every poll with the key's state at hand (the
                 // first takes it, the last gives it back: `state.rs`).
-                // SAFETY: we own the chain, so its key's state is ours to hand over.
-                let slot = unsafe { ks.state.slot() };
+                // SAFETY: we own the chain, so the entry is alive.
+                let key = unsafe { entry_ptr.as_ref() }.key();
                 let mut source = crate::state::EntrySource {
-                    slot,
-                    // SAFETY: we own the chain, so the entry is alive.
-                    key: unsafe { entry_ptr.as_ref() }.key(),
+                    slot: owned.state_slot(),
+                    key,
                     init: &*self.shared.state_hooks().init,
                 };
                 crate::state::run_with(&mut source, poll)
