@@ -256,3 +256,72 @@ fn capacity_shutdown_wakes_every_blocked_submitter() {
         }
     });
 }
+
+/// A waker that records its wakes with an RMW.
+struct Flag(AtomicBool);
+
+impl std::task::Wake for Flag {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_or(true, Ordering::SeqCst);
+    }
+}
+
+fn flag_waker() -> (std::sync::Arc<Flag>, std::task::Waker) {
+    let f = std::sync::Arc::new(Flag(AtomicBool::new(false)));
+    (f.clone(), std::task::Waker::from(f))
+}
+
+#[test]
+fn capacity_async_a_release_racing_a_waiters_entry_reaches_it() {
+    // The only slot is held; a `reserve` enters (takes the freed slot, or sets ASYNC and waits)
+    // while the slot is released: it gets the slot at once, or is woken holding it (the release
+    // saw ASYNC and handed it over). Never a freed slot with the waiter still waiting.
+    use keyserial::loom_api::capacity_async::{poll, AsyncWaiter};
+    use std::task::Poll;
+    loom::model(|| {
+        let cap = Arc::new(Capacity::new(1));
+        assert!(cap.try_reserve());
+        let c = cap.clone();
+        let releaser = thread::spawn(move || c.release());
+        let (woken, waker) = flag_waker();
+        let mut w = AsyncWaiter::default();
+        let first = poll(&cap, &mut w, &waker);
+        releaser.join().unwrap();
+        if first.is_pending() {
+            assert!(woken.0.load(Ordering::SeqCst), "woken by the hand-over");
+            assert_eq!(poll(&cap, &mut w, &waker), Poll::Ready(true));
+        } else {
+            assert_eq!(first, Poll::Ready(true));
+        }
+        assert!(!cap.try_reserve(), "the waiter holds the slot");
+        cap.release();
+        assert!(cap.try_reserve(), "and gives it back to the count");
+    });
+}
+
+#[test]
+fn capacity_async_a_cancelled_waiter_passes_its_slot_on() {
+    // Two `reserve`s wait in order; a release and the first one's cancel race: the slot ends with
+    // the second (handed over to the first and passed on by its cancel, or handed to the second
+    // after the first left), never lost, never with nobody.
+    use keyserial::loom_api::capacity_async::{cancel, poll, AsyncWaiter};
+    use std::task::Poll;
+    loom::model(|| {
+        let cap = Arc::new(Capacity::new(1));
+        assert!(cap.try_reserve());
+        let (_, wa) = flag_waker();
+        let (woken_b, wb) = flag_waker();
+        let (mut a, mut b) = (AsyncWaiter::default(), AsyncWaiter::default());
+        assert!(poll(&cap, &mut a, &wa).is_pending());
+        assert!(poll(&cap, &mut b, &wb).is_pending());
+        let c = cap.clone();
+        let releaser = thread::spawn(move || c.release());
+        let c = cap.clone();
+        let canceller = thread::spawn(move || cancel(&c, a));
+        releaser.join().unwrap();
+        canceller.join().unwrap();
+        assert!(woken_b.0.load(Ordering::SeqCst), "b was woken");
+        assert_eq!(poll(&cap, &mut b, &wb), Poll::Ready(true));
+        assert!(!cap.try_reserve(), "b holds the only slot");
+    });
+}

@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 
 use crate::state::StateHooks;
 use crate::state_hold::KeyStateHold;
-use crate::task::{Kind, TaskRef};
+use crate::task::TaskRef;
 
 /// A task handed back by [`Serializer::shutdown_now`](crate::Serializer::shutdown_now): never started. Run it yourself with
 /// [`run`](Self::run), or drop it (its handle, if any, resolves `Cancelled`).
@@ -68,9 +68,10 @@ impl<K> PendingTask<K> {
         }
     }
 
-    /// Whether the task is a state task.
+    /// Whether the task is a state task (`submit_with_state`, or a future of
+    /// `submit_async_with_state`).
     pub(crate) fn is_state_task(&self) -> bool {
-        self.task.kind() == Kind::State
+        self.task.takes_state()
     }
 
     /// Whether the task has its key's state backing already (a holder, or a way to it).
@@ -175,7 +176,7 @@ impl<K> PendingTask<K> {
         let PendingTask { key, task, state } = self;
         match (state, key) {
             (Backing::Hold(hold), _) => {
-                if task.kind() == Kind::State {
+                if task.takes_state() {
                     hold.run(task);
                 } else {
                     task.run(None, &|_| {});
