@@ -122,7 +122,7 @@ where
     // lock, unless paused (`Control::retire_unless_paused`): a pause meanwhile is not lost.
     unsafe {
         retire_unlink(shared, entry, guard, garbage, |ks| {
-            let retire = || match owned.take().expect("ours until retired").try_retire() {
+            let retire = || match owned.take().expect("ours until retired").retire_if_empty() {
                 Ok(()) => true,
                 Err(still_ours) => {
                     owned = Some(still_ours);
@@ -223,7 +223,7 @@ where
     if let Some(st) = owned.take_state() {
         shared.state_hooks().release(entry.key(), st);
     }
-    owned.try_release()?; // not empty after all: still the caller's
+    owned.release_if_empty()?; // not empty after all: still the caller's
     let now = shared.now_ms();
     if entry.value().idle.released(now) {
         // We set QUEUED: we hold the key's one idle item, so we may retire it (as its reaper).

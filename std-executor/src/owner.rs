@@ -18,7 +18,7 @@
 //!   taker (a worker popping the ready queue, a permit grant, a waker, `resume`, `cancel_key`,
 //!   `shutdown_now`'s steal) takes it back with [`Owned::assume`], naming which of these it is.
 //!
-//! It gives the baton up only by [`Owned::try_release`] (idle again), [`Owned::try_retire`]
+//! It gives the baton up only by [`Owned::release_if_empty`] (idle again), [`Owned::retire_if_empty`]
 //! (retired: the caller unlinks the entry) or a hand-over. A token is never copied, so a chain
 //! has one owner at a time; while it is held the entry is not retired, hence alive.
 
@@ -98,7 +98,7 @@ impl<K> Owned<K> {
     /// `task` is the task this token popped last (by [`pop`](Self::pop) or
     /// [`pop_coalescing`](Self::pop_coalescing)), and nothing was popped since.
     #[inline]
-    pub(crate) unsafe fn unpop(&self, task: TaskRef) {
+    pub(crate) unsafe fn put_back(&self, task: TaskRef) {
         // SAFETY: we own the chain, and the caller's contract makes the node the last popped.
         unsafe { self.entry().value().chain.unpop(task.into_raw()) };
     }
@@ -137,7 +137,7 @@ impl<K> Owned<K> {
 
     /// Gives the baton up if nothing is queued (`CAS(ACTIVE -> 0)`); else it is still ours.
     #[inline]
-    pub(crate) fn try_release(self) -> Result<(), Owned<K>> {
+    pub(crate) fn release_if_empty(self) -> Result<(), Owned<K>> {
         // SAFETY: we own the chain.
         if unsafe { self.entry().value().chain.try_release() } {
             Ok(())
@@ -149,7 +149,7 @@ impl<K> Owned<K> {
     /// Retires the chain if nothing is queued (`CAS(ACTIVE -> RETIRED)`, no release between:
     /// nothing can be pushed in a gap); the caller then unlinks the entry. Else it is still ours.
     #[inline]
-    pub(crate) fn try_retire(self) -> Result<(), Owned<K>> {
+    pub(crate) fn retire_if_empty(self) -> Result<(), Owned<K>> {
         // SAFETY: we own the chain.
         if unsafe { self.entry().value().chain.try_retire_owned() } {
             Ok(())

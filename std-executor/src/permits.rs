@@ -106,7 +106,7 @@ where
         }
         Err(_) => {
             // SAFETY: the caller just popped `task`: the last popped.
-            unsafe { owned.unpop(task) };
+            unsafe { owned.put_back(task) };
             let wait = shared.permit_waits().register(Parked {
                 entry: owned.into_ptr(),
                 token: Mutex::new(None),
@@ -143,7 +143,7 @@ fn on_grant<K>(
             Ok(permit) => {
                 task.set_granted(permit);
                 // SAFETY: just popped.
-                unsafe { owned.unpop(task) };
+                unsafe { owned.put_back(task) };
             }
             Err(_) => {
                 owned.entry().value().seen.left(1);

@@ -56,7 +56,7 @@ where
         loop {
             if ran >= budget {
                 let guard = self.epoch.pin();
-                match owned.try_release() {
+                match owned.release_if_empty() {
                     Ok(()) => self.released(entry_ptr, &guard),
                     // Yield: to the back of the global queue, behind keys that arrived
                     // meanwhile, where any worker can take it.
@@ -74,7 +74,7 @@ where
                     }
                 }
                 let guard = self.epoch.pin();
-                match owned.try_release() {
+                match owned.release_if_empty() {
                     Ok(()) => {
                         self.released(entry_ptr, &guard);
                         return After::Continue;
@@ -106,7 +106,7 @@ where
             // `poll_future`: a started one is the key's running task and goes on.
             if task.kind() != Kind::Future && ks.control.is_paused() {
                 // SAFETY: `task` is the task we popped last.
-                unsafe { owned.unpop(task) };
+                unsafe { owned.put_back(task) };
                 match crate::key_control::park(self.shared, owned) {
                     Ok(()) => return After::Continue,
                     Err(o) => owned = o,
@@ -155,7 +155,7 @@ where
                 // until every worker has stopped, which `shutdown_now` waits for before it
                 // drains the queues; a worker not stopped yet may still run the chain.
                 // SAFETY: `task` is the task we popped last.
-                unsafe { owned.unpop(task) };
+                unsafe { owned.put_back(task) };
                 self.shared.global().push(Runnable::Chain(owned.into_ptr()));
                 return After::Exit;
             }
@@ -256,7 +256,7 @@ where
             // Paused before it started: back at the head, unstarted, and the chain parks
             // (`control.rs`). A started future is the key's running task and goes on.
             // SAFETY: `task` is the task we popped last.
-            unsafe { owned.unpop(task) };
+            unsafe { owned.put_back(task) };
             return match crate::key_control::park(self.shared, owned) {
                 Ok(()) => Polled::Parked,
                 Err(o) => Polled::Again(o),
@@ -272,7 +272,7 @@ where
             // `shutdown_now`: as for a task (`run_chain`), the future goes back (started or
             // not, as it was) and the chain to the others.
             // SAFETY: `task` is the task we popped last.
-            unsafe { owned.unpop(task) };
+            unsafe { owned.put_back(task) };
             self.shared.global().push(Runnable::Chain(owned.into_ptr()));
             return Polled::Exit;
         }
@@ -347,7 +347,7 @@ where
         // `shutdown_now`), and the chain parks on the wake state.
         let state: *const WakeState = job.state();
         // SAFETY: `task` is the task we popped last.
-        unsafe { owned.unpop(task) };
+        unsafe { owned.put_back(task) };
         ks.parked_future.store(state.cast_mut(), Ordering::Release);
         // SAFETY: the node, and with it a counted reference to the cell, is on the chain we
         // still own until the park succeeds: the state is alive.
