@@ -334,11 +334,6 @@ where
     /// producers, Zipf keys) ran at 0.70-0.87x the unbounded rate: every submit and every task
     /// start updates the one capacity word.
     ///
-    /// In async code, wait for room with
-    /// [`Serializer::reserve`](crate::Serializer::reserve)`(key).await`: with a capacity, a
-    /// blocking submission on a thread inside a tokio runtime panics (Cargo feature `tokio`; see
-    /// [Inside a tokio runtime](crate::Serializer#inside-a-tokio-runtime-cargo-feature-tokio)).
-    ///
     /// ```
     /// let s = keyserial::Builder::<u8>::new().capacity(1024).build().unwrap();
     /// # drop(s);
@@ -400,11 +395,6 @@ where
     /// The budget needs every live key counted, so a serializer with `max_keys` gives each key an
     /// entry and queues its tasks on it straight from the submitter (no lane): submissions cost a
     /// key-table look-up each.
-    ///
-    /// In async code, wait for key room with
-    /// [`Serializer::reserve`](crate::Serializer::reserve)`(key).await` (a live key never
-    /// waits): with `max_keys`, a blocking submission on a thread inside a tokio runtime panics
-    /// (Cargo feature `tokio`).
     ///
     /// ```
     /// use keyserial::{Builder, RejectReason};

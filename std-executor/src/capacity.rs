@@ -37,38 +37,20 @@
 //!   `give_up`. A wait also ends after 100 ms without a wakeup, a safety net that no path
 //!   relies on.
 //!
-//! # Async waiters (`Serializer::reserve`)
-//!
-//! A `reserve` future waits in a [`RoomQueue`] (`room_queue.rs`, which gives the protocol), and
-//! the word's top bit (`ASYNC`) says that queue is not empty (set and cleared only under its
-//! lock). While it is set a release does not free its slot but **hands it over** to the oldest
-//! async waiter (unless the queue is over the limit, from forced reservations: then it frees it),
-//! and `try_reserve` and blocking submitters see the queue full, so nobody overtakes a waiter.
-//! A blocking submitter then waits for a release with no async waiter left (mixing both kinds
-//! of waiters on one serializer serves the async ones first).
-//!
-//! Loom: `loom/tests/executor.rs` (`capacity_*`; the async waiters: `capacity_async_*`).
+//! Loom: `loom/tests/executor.rs` (`capacity_*`).
 
 use std::time::Duration;
 
-use std::task::{Poll, Waker};
-
-use crate::room_queue::{Enter, RoomQueue, Status, Waiter};
-use crate::sync::{lock, snooze, Arc, AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{lock, snooze, AtomicU64, Condvar, Mutex, Ordering};
 
 const QUEUED_MASK: u64 = (1 << 40) - 1;
 const WAITER: u64 = 1 << 40;
-/// The async waiters' queue is not empty (see "Async waiters").
-const ASYNC: u64 = 1 << 63;
-/// The count of blocked (thread) submitters.
-const WAITERS_MASK: u64 = !QUEUED_MASK & !ASYNC;
 
 pub struct Capacity {
     limit: u64,
     word: AtomicU64,
     mutex: Mutex<()>,
     cond: Condvar,
-    asyncs: RoomQueue,
 }
 
 impl Capacity {
@@ -78,7 +60,6 @@ impl Capacity {
             word: AtomicU64::new(0),
             mutex: Mutex::new(()),
             cond: Condvar::new(),
-            asyncs: RoomQueue::new(),
         }
     }
 
@@ -164,90 +145,20 @@ impl Capacity {
         }
     }
 
-    /// Gives one slot back (the task started, or left without running): to the oldest async
-    /// waiter if there is one (see "Async waiters"), else to the count.
+    /// Gives one slot back (the task started, or left without running).
     pub fn release(&self) {
-        let mut cur = self.word.load(Ordering::Acquire);
-        loop {
-            debug_assert!(cur & QUEUED_MASK > 0);
-            if cur & ASYNC != 0 && cur & QUEUED_MASK <= self.limit {
-                if self.asyncs.hand_over(|| self.clear_async()) {
-                    return;
-                }
-                cur = self.word.load(Ordering::Acquire);
-                continue;
-            }
-            match self
-                .word
-                .compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(prev) => {
-                    if prev & WAITERS_MASK != 0 {
-                        let _g = lock(&self.mutex);
-                        self.cond.notify_one();
-                    }
-                    return;
-                }
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// Clears `ASYNC` (under the async queue's lock, which has just become empty).
-    fn clear_async(&self) {
-        self.word.fetch_and(!ASYNC, Ordering::AcqRel);
-    }
-
-    /// A `reserve` future's poll (`me`: its waiter, see `room_queue.rs`): `Ready(true)` once a
-    /// slot is the caller's, `Ready(false)` if `closed()` (shutdown) was seen first.
-    pub(crate) fn poll_reserve(
-        &self,
-        me: &mut Option<Arc<Waiter>>,
-        waker: &Waker,
-        closed: impl FnOnce() -> bool,
-    ) -> Poll<bool> {
-        self.asyncs.poll(me, waker, |others_wait| {
-            if closed() {
-                return Enter::Closed;
-            }
-            if others_wait {
-                return Enter::Wait; // behind them (ASYNC is set)
-            }
-            let mut cur = self.word.load(Ordering::Acquire);
-            loop {
-                let (next, outcome) = if cur & QUEUED_MASK < self.limit {
-                    (cur + 1, Enter::Took)
-                } else {
-                    (cur | ASYNC, Enter::Wait)
-                };
-                match self.word.compare_exchange_weak(
-                    cur,
-                    next,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => return outcome,
-                    Err(actual) => cur = actual,
-                }
-            }
-        })
-    }
-
-    /// A `reserve` future dropped while it waited: it leaves the queue, and a slot handed over
-    /// to it meanwhile goes on to the next waiter.
-    pub(crate) fn cancel_reserve(&self, me: Arc<Waiter>) {
-        if self.asyncs.cancel(me, || self.clear_async()) == Status::Granted {
-            self.release();
-        }
-    }
-
-    /// Wakes every blocked submitter and closes every async waiter (shutdown).
-    pub fn wake_all(&self) {
-        {
+        let prev = self.word.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(prev & QUEUED_MASK > 0);
+        if prev >= WAITER {
             let _g = lock(&self.mutex);
-            self.cond.notify_all();
+            self.cond.notify_one();
         }
-        self.asyncs.close_all(|| self.clear_async());
+    }
+
+    /// Wakes every blocked submitter (shutdown).
+    pub fn wake_all(&self) {
+        let _g = lock(&self.mutex);
+        self.cond.notify_all();
     }
 }
 
@@ -297,29 +208,6 @@ fn spun_enough(backoff: &crossbeam_utils::Backoff, rounds: u32) -> bool {
     {
         let _ = backoff;
         rounds >= 1
-    }
-}
-
-/// The async waiters' side for the loom models (`loom/tests/executor.rs`, `capacity_async_*`),
-/// over the real code (`cfg(loom)` only).
-#[cfg(loom)]
-pub mod loom_hooks {
-    use super::*;
-
-    /// A `reserve` future's waiter.
-    #[derive(Default)]
-    pub struct AsyncWaiter(Option<Arc<Waiter>>);
-
-    /// [`Capacity::poll_reserve`], never closed.
-    pub fn poll(cap: &Capacity, w: &mut AsyncWaiter, waker: &Waker) -> Poll<bool> {
-        cap.poll_reserve(&mut w.0, waker, || false)
-    }
-
-    /// [`Capacity::cancel_reserve`] of a waiter (nothing if it is done or never waited).
-    pub fn cancel(cap: &Capacity, w: AsyncWaiter) {
-        if let Some(w) = w.0 {
-            cap.cancel_reserve(w);
-        }
     }
 }
 

@@ -315,12 +315,10 @@ pub(crate) struct FutureRef<'a, K: 'static> {
 }
 
 /// A future task's node: `fut`, whose outcome goes to `join` (`None`: no handle, for
-/// `execute_async`, where a panic is counted and its payload dropped); `takes_state`: a future
-/// of `submit_async_with_state`, polled with its key's state at hand (`state.rs`).
+/// `execute_async`, where a panic is counted and its payload dropped).
 pub(crate) fn make<Fut, K>(
     fut: Fut,
     join: Option<crate::sync::Arc<JoinState<Fut::Output>>>,
-    takes_state: bool,
 ) -> TaskRef
 where
     Fut: Future + Send + 'static,
@@ -340,7 +338,7 @@ where
     unsafe {
         p.as_ptr().write(FutureNode {
             head: FutureHead {
-                header: Header::new(&TaskOf::<K>::TASK, Kind::Future, takes_state),
+                header: Header::new(&TaskOf::<K>::TASK, Kind::Future),
                 refs: AtomicUsize::new(1), // the job's
                 state: WakeState::new(),
                 cell: &CellOf::<Fut, K>::CELL,

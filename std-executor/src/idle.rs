@@ -400,12 +400,6 @@ where
             Some(f) => {
                 let mut fifo = crate::sync::lock(f);
                 released(shared, entry_ptr, guard, &mut fifo, &mut self.garbage, now);
-                drop(fifo);
-                // A `reserve` waiting for key room may release this key now (`key_budget.rs`,
-                // "Async waiters").
-                if let Some(b) = shared.budget() {
-                    b.nudge();
-                }
             }
             None => released(
                 shared,

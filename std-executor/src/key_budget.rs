@@ -23,28 +23,10 @@
 //! (`try_submit`, and any submission from inside a task, which must never wait). Giving a share
 //! back wakes the waiters; they wait with a timeout too, and look again, so a wakeup that came
 //! between a waiter's look and its wait costs at most that timeout.
-//!
-//! # Async waiters (`Serializer::reserve`)
-//!
-//! A `reserve` for a key that is not live waits for a share in a [`RoomQueue`] (`room_queue.rs`
-//! gives the protocol); the top bit of `live` (`ASYNC`) says that queue is not empty (set and
-//! cleared only under its lock). While it is set a share given back is **handed over** to the
-//! oldest async waiter (`live` does not change) instead of freed, and `try_take` sees the budget
-//! full (the bit makes `live` look huge), so no new key overtakes a waiter. A waiter also needs
-//! idle keys released for it (nobody else releases them before their timeout): when a key goes
-//! idle while async waiters wait, the worker wakes the oldest one ([`KeyBudget::nudge`]), which
-//! releases the oldest idle key (`idle::release_one_idle`); the share that frees is handed over
-//! to the oldest waiter, itself.
 
 use std::time::Duration;
 
-use std::task::{Poll, Waker};
-
-use crate::room_queue::{Enter, RoomQueue, Status, Waiter};
 use crate::sync::{lock, Arc, AtomicBool, AtomicUsize, Condvar, Mutex, Ordering};
-
-/// `live`'s top bit: the async waiters' queue is not empty (see "Async waiters").
-const ASYNC: usize = 1 << (usize::BITS - 1);
 
 /// A serializer's budget of live keys (see the module docs).
 #[derive(Debug)]
@@ -54,7 +36,6 @@ pub(crate) struct KeyBudget {
     waiters: AtomicUsize,
     lock: Mutex<()>,
     freed: Condvar,
-    asyncs: RoomQueue,
 }
 
 impl KeyBudget {
@@ -65,13 +46,12 @@ impl KeyBudget {
             waiters: AtomicUsize::new(0),
             lock: Mutex::new(()),
             freed: Condvar::new(),
-            asyncs: RoomQueue::new(),
         })
     }
 
     /// Live keys (shares taken and not given back).
     pub(crate) fn live(&self) -> usize {
-        self.live.load(Ordering::Relaxed) & !ASYNC
+        self.live.load(Ordering::Relaxed)
     }
 
     /// A share if the budget has room.
@@ -98,105 +78,18 @@ impl KeyBudget {
         KeyShare::of(this.clone())
     }
 
-    /// A share comes back: to the oldest async waiter if there is one (see "Async waiters"),
-    /// else to the count, waking the blocked submitters.
     fn give_back(&self) {
-        let mut n = self.live.load(Ordering::Acquire);
-        loop {
-            if n & ASYNC != 0 && n & !ASYNC <= self.max {
-                if self.asyncs.hand_over(|| self.clear_async()) {
-                    return;
-                }
-                n = self.live.load(Ordering::Acquire);
-                continue;
-            }
-            match self
-                .live
-                .compare_exchange_weak(n, n - 1, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => break,
-                Err(seen) => n = seen,
-            }
-        }
+        self.live.fetch_sub(1, Ordering::AcqRel);
         if self.waiters.load(Ordering::Acquire) > 0 {
             let _g = lock(&self.lock);
             self.freed.notify_all();
         }
     }
 
-    /// Clears `ASYNC` (under the async queue's lock, which has just become empty).
-    fn clear_async(&self) {
-        self.live.fetch_and(!ASYNC, Ordering::AcqRel);
-    }
-
-    /// A `reserve` future's poll for a share (`me`: its waiter, see `room_queue.rs`): `Ready(Some)`
-    /// once a share is the caller's, `Ready(None)` if `closed()` (shutdown) was seen first.
-    pub(crate) fn poll_take(
-        this: &Arc<Self>,
-        me: &mut Option<Arc<Waiter>>,
-        waker: &Waker,
-        closed: impl FnOnce() -> bool,
-    ) -> Poll<Option<KeyShare>> {
-        let budget: &KeyBudget = this;
-        let polled = budget.asyncs.poll(me, waker, |others_wait| {
-            if closed() {
-                return Enter::Closed;
-            }
-            if others_wait {
-                return Enter::Wait; // behind them (ASYNC is set)
-            }
-            let mut n = budget.live.load(Ordering::Acquire);
-            loop {
-                let (next, outcome) = if n & !ASYNC < budget.max {
-                    (n + 1, Enter::Took)
-                } else {
-                    (n | ASYNC, Enter::Wait)
-                };
-                match budget.live.compare_exchange_weak(
-                    n,
-                    next,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => return outcome,
-                    Err(seen) => n = seen,
-                }
-            }
-        });
-        // Taken or handed over: counted in `live` either way, the caller's share now.
-        polled.map(|got| got.then(|| KeyShare::of(this.clone())))
-    }
-
-    /// Whether `me` is the oldest async waiter (the one to release idle keys for).
-    pub(crate) fn is_front(&self, me: &Arc<Waiter>) -> bool {
-        self.asyncs.is_front(me)
-    }
-
-    /// A `reserve` future dropped while it waited for a share: it leaves the queue, and a share
-    /// handed over to it meanwhile goes on to the next waiter.
-    pub(crate) fn cancel_take(this: &Arc<Self>, me: Arc<Waiter>) {
-        if this.asyncs.cancel(me, || this.clear_async()) == Status::Granted {
-            drop(KeyShare::of(this.clone())); // given back: to the next waiter
-        }
-    }
-
-    /// A key went idle: the oldest async waiter (if any) looks again, to release it.
-    pub(crate) fn nudge(&self) {
-        if self.live.load(Ordering::Acquire) & ASYNC != 0 {
-            self.asyncs.wake_front();
-        }
-    }
-
-    /// Shutdown: every async waiter is closed.
-    pub(crate) fn close_waiters(&self) {
-        self.asyncs.close_all(|| self.clear_async());
-    }
-
     /// Waits until a share may have been given back (or `timeout` passed).
     pub(crate) fn wait_a_little(&self, timeout: Duration) {
         self.waiters.fetch_add(1, Ordering::AcqRel);
         let g = lock(&self.lock);
-        // With `ASYNC` set, `live` looks full: async waiters come first.
         if self.live.load(Ordering::Acquire) >= self.max {
             #[cfg(not(loom))]
             drop(self.freed.wait_timeout(g, timeout));

@@ -60,8 +60,8 @@
 //! ```
 //!
 //! With Cargo feature `tokio`, `Builder::tokio_handle` lets those futures use tokio's timers
-//! and sockets. A future that needs its key's state takes it by value with
-//! [`Serializer::submit_async_with_state`] and gives it back when it ends.
+//! and sockets. A future that needs a key's per-key data can get it from a closure task of the
+//! key that hands it over (`submit`, then `submit_async` with what it returned).
 //!
 //! ## ⚠ A task must never wait for a later task of its own key
 //!
@@ -209,7 +209,6 @@ mod stats;
 
 // Shared state.
 mod lifecycle;
-mod room_queue;
 mod shared;
 mod slot;
 mod sync;
@@ -276,7 +275,7 @@ pub use handle::TaskHandle;
 pub use pending::PendingTask;
 pub use policy::PanicPolicy;
 pub use semaphore::{Acquire, AcquireError, Permit, Semaphore};
-pub use serializer::{Reservation, Serializer};
+pub use serializer::Serializer;
 pub use stats::{KeyStats, Stats};
 
 /// Internals exposed to the loom models in `loom/` (only under `cfg(loom)`).
@@ -284,7 +283,6 @@ pub use stats::{KeyStats, Stats};
 #[doc(hidden)]
 pub mod loom_api {
     pub use crate::baton::loom_hooks as baton;
-    pub use crate::capacity::loom_hooks as capacity_async;
     pub use crate::capacity::Capacity;
     pub use crate::control::{Control, Resumed};
     pub use crate::deferral::loom_hooks as deferral;

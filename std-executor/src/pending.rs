@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 
 use crate::state::StateHooks;
 use crate::state_hold::KeyStateHold;
-use crate::task::TaskRef;
+use crate::task::{Kind, TaskRef};
 
 /// A task handed back by [`Serializer::shutdown_now`](crate::Serializer::shutdown_now): never started. Run it yourself with
 /// [`run`](Self::run), or drop it (its handle, if any, resolves `Cancelled`).
@@ -68,10 +68,9 @@ impl<K> PendingTask<K> {
         }
     }
 
-    /// Whether the task is a state task (`submit_with_state`, or a future of
-    /// `submit_async_with_state`).
+    /// Whether the task is a state task.
     pub(crate) fn is_state_task(&self) -> bool {
-        self.task.takes_state()
+        self.task.kind() == Kind::State
     }
 
     /// Whether the task has its key's state backing already (a holder, or a way to it).
@@ -176,7 +175,7 @@ impl<K> PendingTask<K> {
         let PendingTask { key, task, state } = self;
         match (state, key) {
             (Backing::Hold(hold), _) => {
-                if task.takes_state() {
+                if task.kind() == Kind::State {
                     hold.run(task);
                 } else {
                     task.run(None, &|_| {});

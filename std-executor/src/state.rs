@@ -18,18 +18,6 @@
 //!   behind the claim and runs after the hook returned, against a fresh state: a key's new state
 //!   is made only after its old one's hook returned, and each state goes through the hook once.
 //!
-//! A future of `submit_async_with_state` (kind `Future`, its header's `takes_state` set) is
-//! polled like a state task, with its key's state at hand through [`run_with`], on every poll
-//! (by the chain's owner, or whoever runs it handed back): its first poll **takes** the state out
-//! of its place ([`take_current`], made by `init` if there is none), and its last gives it back
-//! ([`put_current`]). In between the place is empty and the state is the future's: the key's chain
-//! stays active while the future is pending, so no other task of the key, no reaper and no
-//! termination looks at the place meanwhile. A future that never gives it back (a panic in `f`
-//! or `poll`; dropped pending by `shutdown_now`) drops it: the place stays empty, the next state
-//! task gets a fresh state from `init`, and the hook never sees the lost one. A state is never
-//! released twice (only what is in the place is released) nor made twice for a live key (the
-//! place is empty only while the future owns the state, or once it is lost).
-//!
 //! Two more holders of a key's state, for handed-back tasks:
 //!
 //! - `shutdown_now`, holding a drained chain's baton, moves the state out of the cell into a
@@ -145,14 +133,6 @@ pub(crate) trait Source {
     /// The state, made by `init` first if there is none (which may panic: then there is still
     /// none).
     fn state(&mut self) -> &mut (dyn Any + Send);
-
-    /// The state taken out, made by `init` if there is none (a future of
-    /// `submit_async_with_state`, which owns it until it gives it back with
-    /// [`put`](Source::put)).
-    fn take(&mut self) -> Erased;
-
-    /// The state given back by the future that took it.
-    fn put(&mut self, state: Erased);
 }
 
 /// A key's state in its entry's cell, for the chain's owner.
@@ -168,20 +148,6 @@ impl<K> Source for EntrySource<'_, K> {
             *self.slot = Some((self.init)(self.key));
         }
         self.slot.as_mut().expect("made above").as_mut()
-    }
-
-    fn take(&mut self) -> Erased {
-        match self.slot.take() {
-            Some(state) => state,
-            None => (self.init)(self.key),
-        }
-    }
-
-    fn put(&mut self, state: Erased) {
-        // Empty since the future took it: nothing else touches the cell meanwhile (the
-        // future is its key's running task, and holds the chain's baton or its hold's lock).
-        debug_assert!(self.slot.is_none(), "a state given back to an empty cell");
-        *self.slot = Some(state);
     }
 }
 
@@ -213,20 +179,7 @@ pub(crate) fn run_with<R>(source: &mut dyn Source, f: impl FnOnce() -> R) -> R {
 /// Outside a state task's run, or when `init` panics (the task then fails `Panicked`, and
 /// the key has no state yet).
 pub(crate) fn with_current<S: 'static, R>(f: impl FnOnce(&mut S) -> R) -> R {
-    // Taken out of `CURRENT` while `f` runs, so that nothing `f` does can reach the same state
-    // twice.
-    with_source(|source| {
-        let state = source
-            .state()
-            .downcast_mut::<S>()
-            .expect("a key's state has the serializer's state type");
-        f(state)
-    })
-}
-
-/// The source `run_with` set for the task running on this thread, out of `CURRENT` while `f`
-/// uses it (so that nothing `f` does can reach it twice).
-fn with_source<R>(f: impl FnOnce(&mut dyn Source) -> R) -> R {
+    // Taken out while `f` runs, so that nothing `f` does can reach the same state twice.
     let ptr = CURRENT
         .with(|c| c.take())
         .expect("a state task runs with its key's state");
@@ -239,29 +192,12 @@ fn with_source<R>(f: impl FnOnce(&mut dyn Source) -> R) -> R {
     let _restore = Restore(ptr);
     // SAFETY: `run_with` set the pointer to a source that lives while the task runs, and the
     // pointer is out of `CURRENT` while we use it: this is the only reference.
-    f(unsafe { &mut *ptr.as_ptr() })
-}
-
-/// Inside a future of `submit_async_with_state` (polled under `run_with`): takes the key's
-/// state out of its place, made by `init` if there is none. The future owns it from here; if it
-/// never gives it back ([`put_current`]: it panicked, or was dropped), the key's next state
-/// task gets a fresh one, and the hook never sees this one.
-///
-/// # Panics
-/// Outside a run with a state, or when `init` panics (no state is made).
-pub(crate) fn take_current<S: 'static>() -> S {
-    let state = with_source(|source| source.take());
-    *state
-        .downcast::<S>()
-        .expect("a key's state has the serializer's state type")
-}
-
-/// Inside a future of `submit_async_with_state`, at its end: gives the key's state back.
-///
-/// # Panics
-/// Outside a run with a state.
-pub(crate) fn put_current<S: Send + 'static>(state: S) {
-    with_source(|source| source.put(Box::new(state)));
+    let source = unsafe { &mut *ptr.as_ptr() };
+    let state = source
+        .state()
+        .downcast_mut::<S>()
+        .expect("a key's state has the serializer's state type");
+    f(state)
 }
 
 #[cfg(all(test, not(loom)))]
@@ -283,41 +219,5 @@ mod tests {
         assert_eq!(*slot.unwrap().downcast::<u32>().unwrap(), 43);
         let panicked = std::panic::catch_unwind(|| with_current(|_: &mut u32| ()));
         assert!(panicked.is_err(), "no state outside a state task");
-    }
-
-    #[test]
-    fn a_future_takes_the_state_and_gives_it_back_or_loses_it() {
-        let init = |k: &u32| -> Erased { Box::new(*k) };
-        let mut slot = None;
-        let mut src = EntrySource {
-            slot: &mut slot,
-            key: &4,
-            init: &init,
-        };
-        // Taken (made by init), changed, given back.
-        run_with(&mut src, || {
-            let n: u32 = take_current();
-            put_current(n + 1);
-        });
-        assert_eq!(
-            *src.slot.as_ref().unwrap().downcast_ref::<u32>().unwrap(),
-            5
-        );
-        // Taken and lost (a panic): the cell is empty, the next one starts from init.
-        let lost = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run_with(&mut src, || {
-                let _n: u32 = take_current();
-                crate::test_util::quiet_panic(1);
-            })
-        }));
-        assert!(lost.is_err());
-        assert!(src.slot.is_none(), "lost with the panic");
-        let n: u32 = run_with(&mut src, || {
-            let n = take_current();
-            put_current(n);
-            n
-        });
-        assert_eq!(n, 4, "a fresh one from init");
-        assert!(std::panic::catch_unwind(take_current::<u32>).is_err());
     }
 }

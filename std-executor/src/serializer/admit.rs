@@ -104,21 +104,16 @@ where
     }
 
     /// `execute_async`: as `submit_future`, without a handle.
-    pub(super) fn execute_future<Fut>(
-        &self,
-        key: K,
-        fut: Fut,
-        mode: Mode,
-    ) -> Result<(), Rejected<Fut>>
+    pub(super) fn execute_future<Fut>(&self, key: K, fut: Fut) -> Result<(), Rejected<Fut>>
     where
         Fut: Future<Output = ()> + Send + 'static,
     {
         let mut slot = Some(fut);
         let sh = &*self.shared;
         let traced = crate::trace::origin(sh.labeler(), Some(&key), |k| sh.hash_of(k));
-        self.admit(Some(key), Kind::Future, mode, |_| {
+        self.admit(Some(key), Kind::Future, Mode::Block, |_| {
             let fut = crate::trace::wrap_future(traced, slot.take().expect("built once"));
-            LaneTask::node(future_task::make::<_, K>(fut, None, false))
+            LaneTask::node(future_task::make::<_, K>(fut, None))
         })
         .map_err(|reason| Rejected {
             reason,
@@ -138,26 +133,7 @@ where
         Fut: Future + Send + 'static,
         Fut::Output: Send + 'static,
     {
-        self.submit_future_of(key, fut, |fut| fut, false, mode)
-    }
-
-    /// `submit_future` for a future `make` makes from the user's `F` once it is sure to be
-    /// admitted (a refusal hands back `F` untouched); `takes_state`: a future of
-    /// `submit_async_with_state`, polled with its key's state at hand.
-    pub(super) fn submit_future_of<F, Fut>(
-        &self,
-        key: K,
-        task: F,
-        make: impl FnOnce(F) -> Fut,
-        takes_state: bool,
-        mode: Mode,
-    ) -> Result<TaskHandle<Fut::Output>, Rejected<F>>
-    where
-        F: Send + 'static,
-        Fut: Future + Send + 'static,
-        Fut::Output: Send + 'static,
-    {
-        let mut slot = Some(task);
+        let mut slot = Some(fut);
         let mut handle = None;
         let mut origin = Some(self.origin_of(Some(&key), Kind::Future));
         let sh = &*self.shared;
@@ -165,8 +141,8 @@ where
         self.admit(Some(key), Kind::Future, mode, |_| {
             let state = JoinState::new(origin.take().unwrap_or_default());
             handle = Some(TaskHandle::new(state.clone()));
-            let fut = crate::trace::wrap_future(traced, make(slot.take().expect("built once")));
-            LaneTask::node(future_task::make::<_, K>(fut, Some(state), takes_state))
+            let fut = crate::trace::wrap_future(traced, slot.take().expect("built once"));
+            LaneTask::node(future_task::make::<_, K>(fut, Some(state)))
         })
         .map(|()| handle.take().expect("handle made with the task"))
         .map_err(|reason| Rejected {
@@ -197,21 +173,16 @@ where
             crate::trace::rejected(reason);
             Err(reason)
         };
-        if matches!(mode, Mode::Block) {
-            // Before anything is admitted or refused (DESIGN 3.1c: in every case).
-            self.forbid_blocking_submit_in_runtime();
+        if sh.lifecycle().is_shutdown() {
+            return refuse(RejectReason::Shutdown);
         }
-        let reserved = matches!(mode, Mode::Reserved(_));
         let reservation = match &sh.capacity() {
             None => Reservation::unlimited(),
-            // The slot a `Reservation` took (given back if refused below).
-            Some(cap) if reserved => Reservation::taken(cap),
-            Some(_) if sh.lifecycle().is_shutdown() => return refuse(RejectReason::Shutdown),
             Some(cap) => {
                 let ok = if worker::current_worker::<K>(sh.id()).is_some() {
                     cap.force_reserve();
                     true
-                } else if matches!(mode, Mode::Try) {
+                } else if mode == Mode::Try {
                     cap.try_reserve()
                 } else {
                     cap.reserve(|| sh.gate().is_closed() || sh.lifecycle().is_shutdown())
@@ -228,9 +199,6 @@ where
                 Reservation::taken(cap)
             }
         };
-        if sh.lifecycle().is_shutdown() {
-            return refuse(RejectReason::Shutdown);
-        }
         let Some(key) = key else {
             // An unkeyed task is admitted by the gate.
             let Some(ticket) = sh.gate().enter() else {
@@ -318,16 +286,8 @@ where
         let lane = sh.lanes().index_of(hash);
         let epoch = sh.register_epoch();
         let mut guard = epoch.pin();
-        let reserved = matches!(mode, Mode::Reserved(_));
-        let try_mode = matches!(mode, Mode::Try);
-        // A `Reservation`'s share, for a key that was not live at `reserve` (given back by
-        // `entry_of` if the key is live by now).
-        let mut share = match mode {
-            Mode::Reserved(share) => share,
-            Mode::Block | Mode::Try => None,
-        };
         let mut entry = loop {
-            match entry_of(sh, &key, lane, hash, &guard, share.take()) {
+            match entry_of(sh, &key, lane, hash, &guard, None) {
                 Ok(e) if !e.value().chain.is_retired() => break e,
                 Ok(_) => continue, // released under us: again
                 Err(()) => {}
@@ -338,13 +298,7 @@ where
             if !in_hook && crate::idle::release_one_idle(sh) {
                 continue;
             }
-            if reserved {
-                // Through a reservation, never refused for room: its key was live at `reserve`
-                // and has been released since. It takes a share over the limit (documented).
-                share = Some(KeyBudget::force_take(budget));
-                continue;
-            }
-            if try_mode || local.is_some() || in_hook {
+            if mode == Mode::Try || local.is_some() || in_hook {
                 return refuse(RejectReason::TooManyKeys);
             }
             if sh.gate().is_closed() || sh.lifecycle().is_shutdown() {
@@ -484,7 +438,7 @@ where
 }
 
 /// The key's entry in the table if it is live (not retired).
-pub(super) fn live_entry<'g, K>(
+fn live_entry<'g, K>(
     sh: &'g crate::shared::Shared<K>,
     key: &K,
     guard: &'g crossbeam_epoch::Guard,

@@ -6,12 +6,8 @@
 //! `Drop`).
 
 mod admit;
-mod blocking;
 mod keys;
-mod reserve;
 mod shutdown;
-
-pub use reserve::Reservation;
 
 use std::fmt;
 use std::hash::Hash;
@@ -116,21 +112,6 @@ use crate::worker::{self};
 ///
 /// To bound the wait, use `shutdown_timeout` before dropping.
 ///
-/// # Inside a tokio runtime (Cargo feature `tokio`)
-///
-/// A serializer built with [`capacity`](crate::Builder::capacity) or
-/// [`max_keys`](crate::Builder::max_keys) may make a submission wait for room, and the futures
-/// that would free it may need the very thread that waits (a current-thread runtime's timer).
-/// So on such a serializer every **blocking** submission (`submit`, `execute`, `spawn`,
-/// `submit_with_state`, `submit_latest`, `submit_distinct`, `submit_with_permits`,
-/// `submit_async`, `execute_async`, `submit_async_with_state`) made on a thread inside a tokio
-/// runtime (a task, `block_on`, `spawn_blocking`) **panics at once**, whether or not it would
-/// have waited, and admits nothing (as tokio's `blocking_send` does); the message names the
-/// ways that never block: [`reserve(..).await`](Self::reserve) and the `try_` forms. Without
-/// those bounds nothing blocks and nothing panics; submissions from inside the serializer's own
-/// tasks never block and never panic. [`await_termination`](Self::await_termination) on such a
-/// thread panics too, naming [`terminated().await`](Self::terminated).
-///
 /// ```
 /// use std::sync::{Arc, Mutex};
 /// use keyserial::Serializer;
@@ -192,17 +173,11 @@ where
     }
 }
 
-/// How a submission behaves when the serializer is at capacity (or, with a key budget, at
-/// its limit of keys).
+/// How a submission behaves when the serializer is at capacity.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    /// Waits for room (`submit`).
     Block,
-    /// Refused without room (`try_submit`).
     Try,
-    /// Through a [`Reservation`]: its capacity slot (if the serializer has a capacity) is
-    /// taken already, and so is its share of the key budget if the key was not live; never
-    /// refused for room (a key released since takes a share even over the limit).
-    Reserved(Option<crate::key_budget::KeyShare>),
 }
 
 impl<K, S> Serializer<K, S>
@@ -250,12 +225,6 @@ where
     ///
     /// # Errors
     /// `Rejected { reason: Shutdown, task }` after [`shutdown`](Self::shutdown).
-    ///
-    /// # Panics
-    /// On a serializer with `capacity` or `max_keys`, called on a thread inside a tokio
-    /// runtime (see [Inside a tokio runtime](Self#inside-a-tokio-runtime-cargo-feature-tokio)):
-    /// use [`reserve(..).await`](Self::reserve) or [`try_submit`](Self::try_submit) there. The
-    /// same holds for every blocking submission.
     ///
     /// ```
     /// let s: keyserial::Serializer<u32> = keyserial::Serializer::new();
@@ -306,18 +275,10 @@ where
     where
         F: FnOnce() + Send + 'static,
     {
-        self.execute_with(key, task, Mode::Block)
-    }
-
-    /// `execute` in any mode.
-    fn execute_with<F>(&self, key: K, task: F, mode: Mode) -> Result<(), Rejected<F>>
-    where
-        F: FnOnce() + Send + 'static,
-    {
         let mut slot = Some(task);
         let sh = &*self.shared;
         let origin = crate::trace::origin(sh.labeler(), Some(&key), |k| sh.hash_of(k));
-        self.admit(Some(key), Kind::Plain, mode, |_| {
+        self.admit(Some(key), Kind::Plain, Mode::Block, |_| {
             LaneTask::execute(crate::trace::wrap(origin, slot.take().expect("built once")))
         })
         .map_err(|reason| Rejected {
@@ -336,8 +297,8 @@ where
     ///
     /// A handed-back state task (from [`shutdown_now`](Self::shutdown_now) or
     /// [`cancel_key`](Self::cancel_key)) runs, when its [`PendingTask`] is run, against its
-    /// key's state (see [`PendingTask::run`] for the details). A future takes the state with
-    /// [`submit_async_with_state`](Self::submit_async_with_state).
+    /// key's state (see [`PendingTask::run`] for the details). Futures do not
+    /// take state: a state task can hand what a future needs to `submit_async` (clone it out).
     ///
     /// # Errors
     /// As [`submit`](Self::submit).
@@ -557,78 +518,6 @@ where
         self.submit_future(key, fut, Mode::Try)
     }
 
-    /// Submits a future that owns its key's state while it runs: when the task starts, `f` gets
-    /// the state **by value** (made by `init` if the key has none, see
-    /// [`Builder::key_state`](crate::Builder::key_state)), and the future it returns gives the
-    /// state back with its output, `(state, output)`. Until the future completes no other task
-    /// of the key runs (as for any future task), so the state is the future's alone: "await a
-    /// DB call, then update the user's state" is one task, never interleaved with the key's
-    /// other requests. Blocks while at capacity, like [`submit_async`](Self::submit_async).
-    ///
-    /// - **A panic loses the state**: a panic in `f` or in the future's `poll` resolves the
-    ///   handle `Panicked`, and the state it held is dropped with it: the key's next state
-    ///   task gets a fresh one from `init`, and the release hook is never called for the lost
-    ///   one.
-    /// - **Shutdown**: after [`shutdown_now`](Self::shutdown_now), one that has not started is
-    ///   handed back like any state task (its [`PendingTask::run`] drives it on the calling
-    ///   thread, against the key's handed-back state); a started one that is pending is
-    ///   dropped with the state it holds (its handle resolves
-    ///   [`Cancelled`](crate::TaskError::Cancelled); the hook is not called for that state).
-    ///
-    /// # Errors
-    /// `Rejected { reason: Shutdown, task }` after [`shutdown`](Self::shutdown), with `f`.
-    ///
-    /// ```
-    /// use keyserial::Builder;
-    /// let s = Builder::<&str>::new().key_state(|_| Vec::new()).build().unwrap();
-    /// for i in 0..3u32 {
-    ///     s.submit_async_with_state("alice", move |mut seen: Vec<u32>| async move {
-    ///         let fetched = async { i * 10 }.await; // a DB call, say
-    ///         seen.push(fetched);
-    ///         (seen, ())
-    ///     })
-    ///     .unwrap();
-    /// }
-    /// let all = s.submit_with_state("alice", |seen: &mut Vec<u32>| seen.clone()).unwrap();
-    /// assert_eq!(all.join().unwrap(), [0, 10, 20]);
-    /// ```
-    pub fn submit_async_with_state<F, Fut, T>(
-        &self,
-        key: K,
-        f: F,
-    ) -> Result<TaskHandle<T>, Rejected<F>>
-    where
-        F: FnOnce(S) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = (S, T)> + Send + 'static,
-        T: Send + 'static,
-    {
-        self.submit_future_of(key, f, state_future, true, Mode::Block)
-    }
-
-    /// [`submit_async_with_state`](Self::submit_async_with_state) that never blocks: at
-    /// capacity `f` comes back in `Rejected { reason: Full, task }`.
-    ///
-    /// ```
-    /// use keyserial::Builder;
-    /// let s = Builder::<u8>::new().key_state(|_| 1u64).build().unwrap();
-    /// let h = s
-    ///     .try_submit_async_with_state(1, |n: u64| async move { (n * 2, n) })
-    ///     .unwrap();
-    /// assert_eq!(h.join().unwrap(), 1);
-    /// ```
-    pub fn try_submit_async_with_state<F, Fut, T>(
-        &self,
-        key: K,
-        f: F,
-    ) -> Result<TaskHandle<T>, Rejected<F>>
-    where
-        F: FnOnce(S) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = (S, T)> + Send + 'static,
-        T: Send + 'static,
-    {
-        self.submit_future_of(key, f, state_future, true, Mode::Try)
-    }
-
     /// Submits a future for `key` without a handle: [`submit_async`](Self::submit_async) as
     /// [`execute`](Self::execute) is to [`submit`](Self::submit) (the cheapest way to run a
     /// future in its key's order; one allocation per future). Blocks while at capacity. A panic
@@ -654,7 +543,7 @@ where
     where
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
-        self.execute_future(key, fut, Mode::Block)
+        self.execute_future(key, fut)
     }
 
     /// Runs an unkeyed task: never serialized with anything. Blocks while at capacity.
@@ -697,22 +586,6 @@ where
             rejected: t.rejected,
         }
     }
-}
-
-/// The future of a `submit_async_with_state` task: takes its key's state when it starts,
-/// gives it back when it ends (`state.rs`: polled with the state at hand, `takes_state`). A
-/// panic in `f` or in `poll` loses the state, which was moved into them.
-async fn state_future<S, F, Fut, T>(f: F) -> T
-where
-    S: Send + 'static,
-    F: FnOnce(S) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = (S, T)> + Send + 'static,
-    T: Send + 'static,
-{
-    let state: S = crate::state::take_current();
-    let (state, out) = f(state).await;
-    crate::state::put_current(state);
-    out
 }
 
 #[allow(dead_code)]

@@ -80,9 +80,6 @@ where
         if let Some(c) = sh.capacity() {
             c.wake_all();
         }
-        if let Some(b) = sh.budget() {
-            b.close_waiters();
-        }
         sh.sleep().wake_all();
         if sh.lifecycle().live_workers() == 0 {
             sh.lifecycle().set_terminated();
@@ -460,10 +457,6 @@ where
     /// this wait), dropping the serializer no longer waits for the threads still inside a task
     /// (see [Dropping](Self#dropping)).
     ///
-    /// # Panics
-    /// (Cargo feature `tokio`) On a thread inside a tokio runtime, where it could block the
-    /// runtime: use [`terminated().await`](Self::terminated) there.
-    ///
     /// ```
     /// let s: keyserial::Serializer<u8> = keyserial::Serializer::new();
     /// s.execute(1, || ()).unwrap();
@@ -472,7 +465,6 @@ where
     /// assert!(s.is_terminated());
     /// ```
     pub fn await_termination(&self, timeout: Duration) -> bool {
-        self.forbid_await_termination_in_runtime();
         let done = self.wait_terminated(Instant::now().checked_add(timeout));
         if !done && self.is_shutdown() {
             self.gave_up.store(true, Ordering::Release);

@@ -208,21 +208,15 @@ pub(crate) struct Header {
     link: Link,
     vtable: &'static VTable,
     kind: Kind,
-    /// A future that takes its key's state (`submit_async_with_state`): run, like a `State`
-    /// task, with its key's state at hand (`state.rs`). Kind `Future` otherwise. (In the
-    /// header's padding: no node grows.)
-    takes_state: bool,
 }
 
 impl Header {
-    /// The header of a node with its own table ([`VTable::managed`]); `takes_state` for a
-    /// future of `submit_async_with_state`.
-    pub(crate) fn new(vtable: &'static VTable, kind: Kind, takes_state: bool) -> Header {
+    /// The header of a node with its own table ([`VTable::managed`]).
+    pub(crate) fn new(vtable: &'static VTable, kind: Kind) -> Header {
         Header {
             link: Link::new(),
             vtable,
             kind,
-            takes_state,
         }
     }
 }
@@ -325,7 +319,6 @@ impl TaskRef {
                     link: Link::new(),
                     vtable: &VTableOf::<J, X>::VTABLE,
                     kind,
-                    takes_state: kind == Kind::State,
                 },
                 job,
                 extra,
@@ -361,12 +354,6 @@ impl TaskRef {
 
     pub(crate) fn kind(&self) -> Kind {
         self.header().kind
-    }
-
-    /// Whether the task runs with its key's state: a `State` task, or a future of
-    /// `submit_async_with_state` (kind `Future`).
-    pub(crate) fn takes_state(&self) -> bool {
-        self.header().takes_state
     }
 
     /// The kind of a queued node, read by the chain's owner (who may look at queued nodes).

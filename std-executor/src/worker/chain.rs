@@ -240,7 +240,7 @@ where
     /// owns (`future_task.rs`: "Where a future lives" and "The wake state"). The node stays
     /// where it is: put back at the chain's head while the future is pending, freed once it is
     /// done.
-    fn poll_future(&mut self, mut owned: Owned<K>, task: TaskRef) -> Polled<K> {
+    fn poll_future(&mut self, owned: Owned<K>, task: TaskRef) -> Polled<K> {
         let entry_ptr = owned.ptr();
         // SAFETY: we own the chain, so the entry is alive while the baton is ours; past a hand-
         // over below (the park) neither `ks` nor `owned` is used.
@@ -248,7 +248,6 @@ where
         // We own the chain: its head future is ours to poll, not parked any more.
         ks.parked_future
             .store(std::ptr::null_mut(), Ordering::Relaxed);
-        let takes_state = task.takes_state();
         // SAFETY: nodes of kind `Future` are made only by `future_task::make::<_, K>`.
         let job = unsafe { future_task::head_of::<K>(&task) };
         let first = !job.started();
@@ -290,28 +289,12 @@ where
             // A guard with feature `tokio`, `()` without it.
             #[allow(clippy::let_unit_value)]
             let _runtime = self.shared.config().enter_runtime();
-            let poll = || {
-                job.poll_here(&|panicked| {
-                    self.finish_task(panicked);
-                    if panicked && self.pauses_on_panic() {
-                        ks.control.pause();
-                    }
-                })
-            };
-            if takes_state {
-                // `submit_async_with_state`: every poll with the key's state at hand (the
-                // first takes it, the last gives it back: `state.rs`).
-                // SAFETY: we own the chain, so the entry is alive.
-                let key = unsafe { entry_ptr.as_ref() }.key();
-                let mut source = crate::state::EntrySource {
-                    slot: owned.state_slot(),
-                    key,
-                    init: &*self.shared.state_hooks().init,
-                };
-                crate::state::run_with(&mut source, poll)
-            } else {
-                poll()
-            }
+            job.poll_here(&|panicked| {
+                self.finish_task(panicked);
+                if panicked && self.pauses_on_panic() {
+                    ks.control.pause();
+                }
+            })
         };
         let after = self.slot.phase.leave_running();
         if polled.is_ready() {
